@@ -1,0 +1,7 @@
+"""`python -m lucidrl` runs the `lucidrl` command."""
+
+import sys
+
+from lucidrl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,113 @@
+"""Reduce a per-token loss matrix to a scalar, and masked statistics over response tokens.
+
+The aggregation mode decides how much each token and each sequence weighs in the gradient, which is
+an algorithmic choice, not a detail: GRPO's paper uses seq-mean-token-mean, DAPO token-mean, and
+Dr.GRPO (https://arxiv.org/abs/2503.20783) seq-mean-token-sum-norm to remove the length bias.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+
+def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num / den, and 0 where den == 0 — without the NaN gradients a torch.where over num/den gives."""
+    nonzero = den != 0
+    return torch.where(nonzero, num / torch.where(nonzero, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of `x` over positions where `mask` is non-zero; 0 (not NaN) where nothing is unmasked.
+
+    Args:
+        x: any shape.
+        mask: same shape as `x`; 0/1 (bool, int or float).
+        dim: reduce over this dimension only; None reduces over everything to a scalar.
+    """
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return _safe_div((x * mask).sum(), mask.sum())
+    return _safe_div((x * mask).sum(dim=dim), mask.sum(dim=dim))
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of `x` over unmasked positions (scalar); `unbiased` applies Bessel's correction."""
+    n = mask.to(x.dtype).sum()
+    if n == 0 or (unbiased and n == 1):
+        raise ValueError(
+            f"masked_var needs at least {2 if unbiased else 1} unmasked element(s), got {int(n.item())}; "
+            "compute it over a larger batch (e.g. a bigger mini-batch)"
+        )
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    if unbiased:
+        var = var * n / (n - 1)
+    return var
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """Normalise `x` to zero mean and unit (unbiased) variance over the unmasked positions.
+
+    Statistics come from unmasked positions only, but every position is transformed; multiply by the
+    mask afterwards if masked positions must be zero. With `shift_mean=False` the mean is kept and only
+    the scale changes.
+
+    Args:
+        x: any shape, e.g. advantages (bs, response_len).
+        mask: same shape as `x`, 0/1.
+    """
+    mean = masked_mean(x, mask)
+    var = masked_var(x, mask)
+    whitened = (x - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+    """Aggregate a per-token loss into the scalar that is back-propagated.
+
+    Modes (`m` = mask, `T` = loss_mask.shape[-1], the padded response length):
+        token-mean:              sum(loss * m) / sum(m) — every token in the batch weighs the same.
+        seq-mean-token-sum:      mean over sequences of sum_t(loss * m).
+        seq-mean-token-mean:     mean over sequences of the per-sequence masked mean.
+        seq-mean-token-sum-norm: sum(loss * m) / T — a constant normaliser, no length bias (Dr.GRPO).
+
+    Sequences whose mask is all zero are left out of the seq-mean modes' mean; when nothing is
+    unmasked every mode returns 0, still attached to the graph, instead of NaN.
+
+    Args:
+        loss_mat: (bs, response_len) per-token loss.
+        loss_mask: (bs, response_len) 0/1, 1 on tokens that count.
+        loss_agg_mode: one of LOSS_AGG_MODES.
+
+    Returns:
+        scalar tensor.
+    """
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"Unknown loss_agg_mode {loss_agg_mode!r}; valid modes: {list(LOSS_AGG_MODES)}")
+    if loss_mat.shape != loss_mask.shape:
+        raise ValueError(
+            f"agg_loss: loss_mat shape {tuple(loss_mat.shape)} != loss_mask shape {tuple(loss_mask.shape)}"
+        )
+    mask = loss_mask.to(loss_mat.dtype)
+    masked = loss_mat * mask
+
+    if loss_agg_mode == "token-mean":
+        return _safe_div(masked.sum(), mask.sum())
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return masked.sum() / loss_mask.shape[-1]
+
+    tokens_per_seq = mask.sum(dim=-1)
+    seq_losses = masked.sum(dim=-1)
+    if loss_agg_mode == "seq-mean-token-mean":
+        seq_losses = _safe_div(seq_losses, tokens_per_seq)
+    nonempty = (tokens_per_seq > 0).to(loss_mat.dtype)
+    return _safe_div((seq_losses * nonempty).sum(), nonempty.sum())

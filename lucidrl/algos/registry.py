@@ -1,0 +1,97 @@
+"""Name -> function registries for advantage estimators and policy losses.
+
+Configs name an algorithm by string (`adv_estimator: grpo`, `policy_loss: vanilla`); these registries
+turn the string into the function and, for a typo, say which names exist and which one was probably
+meant. Add an algorithm by decorating a top-level function:
+
+    @register_advantage_estimator("my_estimator")
+    def compute_my_advantage(token_level_rewards, response_mask, ...): ...
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Registry:
+    """One name -> function table; `kind` is what the error messages call its entries."""
+
+    def __init__(self, kind: str, decorator_name: str) -> None:
+        self.kind = kind
+        self.decorator_name = decorator_name
+        self._fns: dict[str, Callable[..., Any]] = {}
+
+    def register(self, name: str) -> Callable[[F], F]:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
+
+        def decorator(fn: F) -> F:
+            existing = self._fns.get(name)
+            # Re-registering the same function (e.g. a module re-import) is harmless; a different one
+            # under a taken name would silently change what configs mean.
+            if existing is not None and _qualname(existing) != _qualname(fn):
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered to {_qualname(existing)}; "
+                    f"cannot register {_qualname(fn)} under the same name — pick another name"
+                )
+            self._fns[name] = fn
+            return fn
+
+        return decorator
+
+    def get(self, name: str) -> Callable[..., Any]:
+        fn = self._fns.get(name)
+        if fn is not None:
+            return fn
+        names = self.names()
+        close = difflib.get_close_matches(str(name), names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"Unknown {self.kind} {name!r}.{hint} Registered: {names}. "
+            f"To add one, decorate a function with @{self.decorator_name}({name!r})."
+        )
+
+    def names(self) -> list[str]:
+        return sorted(self._fns)
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+_ADVANTAGE_ESTIMATORS = _Registry("advantage estimator", "register_advantage_estimator")
+_POLICY_LOSSES = _Registry("policy loss", "register_policy_loss")
+
+
+def register_advantage_estimator(name: str) -> Callable[[F], F]:
+    """Decorator registering an advantage estimator under `name` (the `adv_estimator` config value)."""
+    return _ADVANTAGE_ESTIMATORS.register(name)
+
+
+def get_advantage_estimator(name: str) -> Callable[..., Any]:
+    """The advantage estimator registered as `name`; ValueError listing the registered names if none."""
+    return _ADVANTAGE_ESTIMATORS.get(name)
+
+
+def list_advantage_estimators() -> list[str]:
+    """Sorted names of all registered advantage estimators."""
+    return _ADVANTAGE_ESTIMATORS.names()
+
+
+def register_policy_loss(name: str) -> Callable[[F], F]:
+    """Decorator registering a policy loss under `name` (the `policy_loss` config value)."""
+    return _POLICY_LOSSES.register(name)
+
+
+def get_policy_loss(name: str) -> Callable[..., Any]:
+    """The policy loss registered as `name`; ValueError listing the registered names if none."""
+    return _POLICY_LOSSES.get(name)
+
+
+def list_policy_losses() -> list[str]:
+    """Sorted names of all registered policy losses."""
+    return _POLICY_LOSSES.names()

@@ -1,0 +1,142 @@
+"""The `lucidrl` command: demo, train, data, model, version."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from lucidrl import __version__
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"lucidrl {__version__}")
+    return 0
+
+
+def _cmd_data_kk(args: argparse.Namespace) -> int:
+    from lucidrl.data.kk import parse_people_range, write_kk_parquet
+    from lucidrl.diagnostics.errors import UsageError
+
+    try:
+        people = parse_people_range(args.people)
+        info = write_kk_parquet(args.out, people=people, n_train=args.train, n_val=args.val, seed=args.seed)
+    except ValueError as e:  # a people range or count the generator cannot serve
+        raise UsageError(f"lucidrl data kk: {e}") from e
+    per = ", ".join(f"{n} people: {c}" for n, c in sorted(info["per_people"].items()))
+    print(f"wrote {info['n_train']} train puzzles to {info['train']}")
+    print(f"wrote {info['n_val']} val puzzles to {info['val']}")
+    print(f"(both splits: {per}; seed {args.seed})")
+    return 0
+
+
+def _cmd_model_tiny(args: argparse.Namespace) -> int:
+    from lucidrl.models import build_tiny_model
+    from lucidrl.trainer.demo import kk_tokenizer_corpus
+
+    info = build_tiny_model(
+        args.out,
+        kk_tokenizer_corpus(seed=args.seed),
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        vocab_size=args.vocab,
+        seed=args.seed,
+    )
+    print(
+        f"built a tiny Qwen2 model ({info['num_parameters'] / 1e6:.2f}M parameters, vocab {info['vocab_size']}) "
+        f"in {info['path']}"
+    )
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from lucidrl.config import load_config
+    from lucidrl.trainer.ppo import PPOTrainer
+
+    config_path, overrides = _split_config_args(args.args)
+    cfg = load_config(config_path, overrides)
+    trainer = PPOTrainer(cfg)
+    trainer.announce()
+    run_dir = trainer.fit()
+    print(f"run directory: {run_dir} (metrics.jsonl, config.yaml, final/ HuggingFace model)")
+    return 0
+
+
+def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
+    if items and "=" not in items[0]:
+        return items[0], items[1:]
+    return None, items
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from lucidrl.trainer.demo import run_demo
+
+    run_demo(Path(args.out), steps=args.steps, seed=args.seed)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lucidrl", description="RL post-training for LLMs (GRPO, PPO, ...).")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("version", help="print the version").set_defaults(fn=_cmd_version)
+
+    demo = sub.add_parser("demo", help="generate K&K data, build a tiny model, train GRPO on CPU")
+    demo.add_argument(
+        "--out", default="outputs/demo", help="where data, model and run go (default outputs/demo)"
+    )
+    demo.add_argument("--steps", type=int, default=12)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(fn=_cmd_demo)
+
+    train = sub.add_parser("train", help="train from a YAML config plus key=value overrides")
+    train.add_argument("args", nargs="*", metavar="CONFIG.yaml key=value", help="config file, then overrides")
+    train.set_defaults(fn=_cmd_train)
+
+    data = sub.add_parser("data", help="generate task data").add_subparsers(dest="task", required=True)
+    kk = data.add_parser("kk", help="Knights & Knaves puzzles as verl-schema parquet")
+    kk.add_argument("--people", default="2-4", help="number of people: '3' or a range '2-4'")
+    kk.add_argument("--train", type=int, default=1000)
+    kk.add_argument("--val", type=int, default=100)
+    kk.add_argument("--seed", type=int, default=0)
+    kk.add_argument("--out", required=True, help="folder for train.parquet and val.parquet")
+    kk.set_defaults(fn=_cmd_data_kk)
+
+    model = sub.add_parser("model", help="build models").add_subparsers(dest="kind", required=True)
+    tiny = model.add_parser("tiny", help="a tiny Qwen2 model with a locally trained tokenizer")
+    tiny.add_argument("--out", required=True)
+    tiny.add_argument("--hidden", type=int, default=128)
+    tiny.add_argument("--layers", type=int, default=2)
+    tiny.add_argument("--vocab", type=int, default=1024, help="target BPE vocabulary size")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(fn=_cmd_model_tiny)
+    return p
+
+
+def _quiet_transformers() -> None:
+    """Per-file progress bars of tiny local loads/saves drown the training log in the CLI."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: user errors print one clear message (LUCIDRL_DEBUG=1 adds the traceback)."""
+    from lucidrl.diagnostics.debug import debug_enabled
+    from lucidrl.diagnostics.errors import USER_ERRORS
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    _quiet_transformers()
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except USER_ERRORS as e:
+        if debug_enabled():
+            raise
+        print(f"error ({type(e).__name__}): {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

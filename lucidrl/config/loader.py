@@ -1,0 +1,294 @@
+"""Load the typed config from YAML plus dotted `key=value` overrides, refusing what it cannot mean.
+
+Every value is checked against the dataclass field it lands in: an unknown key names the closest
+valid key, a wrong type names the key, the value and where it came from (file or command line), and
+impossible batch arithmetic says which numbers to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from lucidrl.config.schema import LucidConfig
+
+
+class ConfigError(ValueError):
+    """A config value that cannot mean what the user intended."""
+
+
+def _all_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(cls):
+        hint = get_type_hints(cls)[f.name]
+        full = f"{prefix}{f.name}"
+        keys.append(full)
+        if dataclasses.is_dataclass(hint):
+            keys.extend(_all_keys(hint, full + "."))
+    return keys
+
+
+def _unknown_key_error(key: str, source: str) -> ConfigError:
+    known = _all_keys(LucidConfig)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    if not close:  # try the last component alone: `rollout.temprature` vs `temperature`
+        leaf = key.rsplit(".", 1)[-1]
+        by_leaf = {k.rsplit(".", 1)[-1]: k for k in known}
+        hit = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)
+        close = [by_leaf[hit[0]]] if hit else []
+    hint = f"; did you mean '{close[0]}'?" if close else "; see `lucidrl train --help-config` for every key"
+    return ConfigError(f"unknown config key '{key}' (from {source}){hint}")
+
+
+def _type_name(hint: Any) -> str:
+    if get_origin(hint) is Literal:
+        return " | ".join(repr(a) for a in get_args(hint))
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
+    """Check `value` against the annotation `hint`; return it (ints widen to float)."""
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        options = get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for opt in options:
+            if opt is type(None):
+                continue
+            try:
+                return _coerce(value, opt, key, source)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"config key '{key}' (from {source}) must be {_type_name(hint)}, got {value!r}")
+    if origin is Literal:
+        allowed = get_args(hint)
+        if value not in allowed:
+            raise ConfigError(
+                f"config key '{key}' (from {source}) must be one of {', '.join(map(repr, allowed))}, got {value!r}"
+            )
+        return value
+    if origin is list:
+        (item,) = get_args(hint) or (Any,)
+        if isinstance(value, (str, int, float)) and item is str:
+            value = [str(value)]  # `data.train_files=a.parquet` means a one-element list
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}' (from {source}) must be a list, got {value!r}")
+        return [_coerce(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if hint is Any:
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config key '{key}' (from {source}) must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config key '{key}' (from {source}) must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key '{key}' (from {source}) must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(
+                f"config key '{key}' (from {source}) must be a string, got {value!r}; quote it in YAML"
+            )
+        return value
+    raise ConfigError(f"config key '{key}' has an unsupported type {hint!r}")  # a schema bug
+
+
+def _apply(obj: Any, data: dict[str, Any], prefix: str, source: str) -> None:
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config section '{prefix.rstrip('.') or '<root>'}' (from {source}) must be a mapping"
+        )
+    hints = get_type_hints(type(obj))
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if name not in hints:
+            raise _unknown_key_error(key, source)
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(
+                    f"config key '{key}' (from {source}) is a section; give it a mapping, not {value!r}"
+                )
+            _apply(getattr(obj, name), value, key + ".", source)
+        else:
+            setattr(obj, name, _coerce(value, hint, key, source))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`a.b=value` → ("a.b", parsed value), parsing the value as YAML (8, 1e-4, true, [a, b], null)."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not of the form key=value (e.g. rollout.n=8)")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("+")
+    if not key:
+        raise ConfigError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, _yaml_float_fix(value)
+
+
+def _nest(key: str, value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    node = out
+    parts = key.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+    return out
+
+
+def _yaml_float_fix(node: Any) -> Any:
+    """YAML 1.1 reads `1e-4` as a string; turn such strings into floats."""
+    if isinstance(node, dict):
+        return {k: _yaml_float_fix(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_yaml_float_fix(v) for v in node]
+    if isinstance(node, str) and "e" in node.lower() and node[:1] in "+-.0123456789":
+        try:
+            return float(node)
+        except ValueError:
+            return node
+    return node
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> LucidConfig:
+    """The config from a YAML file (optional) plus `key=value` overrides, validated."""
+    cfg = LucidConfig()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file '{path}' does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from e
+        _apply(cfg, _yaml_float_fix(data), "", f"file {path}")
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _apply(cfg, _nest(key, value), "", f"command-line override '{text}'")
+    validate(cfg)
+    return cfg
+
+
+def config_from_dict(data: dict[str, Any], source: str = "dict") -> LucidConfig:
+    """The config from a nested dict (tests, notebooks), validated like a file."""
+    cfg = LucidConfig()
+    _apply(cfg, data, "", source)
+    validate(cfg)
+    return cfg
+
+
+def _positive(cfg: LucidConfig, *keys: str) -> None:
+    for key in keys:
+        node: Any = cfg
+        for p in key.split("."):
+            node = getattr(node, p)
+        if node is not None and node <= 0:
+            raise ConfigError(f"config key '{key}' must be > 0, got {node}")
+
+
+def validate(cfg: LucidConfig) -> None:
+    """Cross-field checks: batch arithmetic, ranges and names that must exist in a registry."""
+    _positive(
+        cfg,
+        "data.train_batch_size",
+        "data.max_prompt_length",
+        "data.max_response_length",
+        "rollout.n",
+        "rollout.micro_batch_size",
+        "actor.ppo_mini_batch_size",
+        "actor.ppo_micro_batch_size",
+        "actor.log_prob_micro_batch_size",
+        "actor.ppo_epochs",
+        "trainer.total_epochs",
+        "trainer.total_training_steps",
+        "data.val_batch_size",
+        "rollout.val_kwargs.n",
+    )
+    a, d, r = cfg.actor, cfg.data, cfg.rollout
+    if a.ppo_mini_batch_size > d.train_batch_size:
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} is larger than data.train_batch_size="
+            f"{d.train_batch_size} (both count prompts); set actor.ppo_mini_batch_size <= {d.train_batch_size}"
+        )
+    if d.train_batch_size % a.ppo_mini_batch_size:
+        raise ConfigError(
+            f"data.train_batch_size={d.train_batch_size} is not divisible by actor.ppo_mini_batch_size="
+            f"{a.ppo_mini_batch_size}; pick a mini-batch size that divides it"
+        )
+    samples = a.ppo_mini_batch_size * r.n
+    if samples % a.ppo_micro_batch_size:
+        raise ConfigError(
+            f"a mini-batch holds actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size} x {r.n} = "
+            f"{samples} samples, not divisible by actor.ppo_micro_batch_size={a.ppo_micro_batch_size}"
+        )
+    if a.ppo_micro_batch_size > samples:
+        raise ConfigError(
+            f"actor.ppo_micro_batch_size={a.ppo_micro_batch_size} exceeds the {samples} samples of a mini-batch"
+        )
+    if not 0.0 < r.temperature:
+        raise ConfigError(f"rollout.temperature must be > 0 for sampling, got {r.temperature}")
+    for key, v in (("rollout.top_p", r.top_p), ("rollout.val_kwargs.top_p", r.val_kwargs.top_p)):
+        if not 0.0 < v <= 1.0:
+            raise ConfigError(f"config key '{key}' must be in (0, 1], got {v}")
+    for key, v in (("actor.clip_ratio_low", a.clip_ratio_low), ("actor.clip_ratio_high", a.clip_ratio_high)):
+        if not 0.0 <= v < 10:
+            raise ConfigError(f"config key '{key}' must be in [0, 10), got {v}")
+    if a.clip_ratio_c <= 1.0:
+        raise ConfigError(
+            f"actor.clip_ratio_c must be > 1 (dual clip bound, usually 3), got {a.clip_ratio_c}"
+        )
+    if cfg.algorithm.adv_estimator == "grpo" and r.n < 2:
+        raise ConfigError(
+            f"algorithm.adv_estimator=grpo compares samples of one prompt, so rollout.n must be >= 2 (got {r.n})"
+        )
+    if cfg.trainer.test_freq < 0:
+        raise ConfigError(
+            f"trainer.test_freq must be >= 0 (0: validate after the last step), got {cfg.trainer.test_freq}"
+        )
+    bad = [x for x in cfg.trainer.logger if x not in ("console", "jsonl")]
+    if bad:
+        raise ConfigError(f"trainer.logger has unknown backend(s) {bad}; available: console, jsonl")
+    _validate_names(cfg)
+
+
+def _validate_names(cfg: LucidConfig) -> None:
+    import torch
+
+    from lucidrl import algos
+
+    probe = torch.zeros(1, 1)
+    checks = [
+        ("algorithm.adv_estimator", lambda: algos.get_advantage_estimator(cfg.algorithm.adv_estimator)),
+        ("actor.policy_loss", lambda: algos.get_policy_loss(cfg.actor.policy_loss)),
+        ("actor.loss_agg_mode", lambda: algos.agg_loss(probe, torch.ones(1, 1), cfg.actor.loss_agg_mode)),
+        ("actor.kl_loss_type", lambda: algos.kl_penalty(probe, probe, cfg.actor.kl_loss_type)),
+    ]
+    for key, check in checks:
+        try:
+            check()
+        except (KeyError, ValueError) as e:
+            raise ConfigError(f"config key '{key}': {e}") from None
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as plain nested dicts (for the run directory's config.yaml)."""
+    return dataclasses.asdict(cfg)
+
+
+__all__ = ["ConfigError", "load_config", "config_from_dict", "parse_override", "validate", "to_dict"]

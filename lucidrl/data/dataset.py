@@ -1,0 +1,205 @@
+"""Parquet prompts in verl's schema → chat template → token ids, and batches of them.
+
+Each row needs `data_source`, the prompt column (chat messages) and `reward_model.ground_truth`;
+`extra_info` is optional. A prompt whose last message is from the assistant (Logic-RL pre-fills
+"<think>") is rendered with `continue_final_message`, and that pre-filled text is kept as the
+sample's `assistant_prefix` so the reward sees the whole assistant turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import torch
+
+from lucidrl.batch import Batch
+
+log = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = ("data_source", "reward_model")
+
+
+class DatasetError(ValueError):
+    """A data file or row that cannot be turned into a training prompt."""
+
+
+@dataclass
+class PromptSample:
+    """One tokenized prompt with what the reward function needs."""
+
+    input_ids: list[int]
+    data_source: str
+    ground_truth: Any
+    extra_info: dict[str, Any]
+    assistant_prefix: str
+    source: str  # "file:row", for error messages
+
+
+@dataclass
+class FilterReport:
+    """What loading dropped, so a run can say it (never silently)."""
+
+    total_rows: int = 0
+    overlong_filtered: int = 0
+    longest_prompt: int = 0
+
+
+def _render(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, str]:
+    """The prompt text for `messages` and the pre-filled assistant text (or "")."""
+    if messages and messages[-1].get("role") == "assistant":
+        text = tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+        return text, messages[-1].get("content") or ""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), ""
+
+
+def _check_messages(value: Any, where: str, prompt_key: str) -> list[dict[str, str]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise DatasetError(
+            f"{where}: column '{prompt_key}' must hold chat messages "
+            f"([{{'role': 'user', 'content': ...}}, ...]) or a string, got {str(value)[:80]!r}"
+        )
+    for m in value:
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise DatasetError(
+                f"{where}: message {str(m)[:80]!r} in column '{prompt_key}' needs 'role' and 'content'"
+            )
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def load_prompts(
+    files: list[str],
+    tokenizer: Any,
+    *,
+    max_prompt_length: int,
+    prompt_key: str = "prompt",
+    filter_overlong: bool = False,
+    what: str = "data.train_files",
+) -> tuple[list[PromptSample], FilterReport]:
+    """Read and tokenize every row of `files`; overlong prompts are an error or filtered and counted."""
+    if not files:
+        raise DatasetError(
+            f"{what} is empty; give at least one parquet file (e.g. `lucidrl data kk --out DIR`)"
+        )
+    samples: list[PromptSample] = []
+    report = FilterReport()
+    for file in files:
+        path = Path(file)
+        if not path.is_file():
+            raise DatasetError(f"{what}: file '{file}' does not exist")
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # pyarrow raises several types for a non-parquet file
+            raise DatasetError(f"{what}: '{file}' is not a readable parquet file: {e}") from e
+        for col in (prompt_key, *REQUIRED_COLUMNS):
+            if col not in table.column_names:
+                raise DatasetError(
+                    f"{what}: '{file}' has no column '{col}' (it has: {', '.join(table.column_names)}); "
+                    f"rows need data_source, {prompt_key} (chat messages) and reward_model.ground_truth"
+                    + (" — or set data.prompt_key to the prompt column" if col == prompt_key else "")
+                )
+        rows = table.to_pylist()
+        for i, row in enumerate(rows):
+            where = f"{file} row {i}"
+            report.total_rows += 1
+            messages = _check_messages(row[prompt_key], where, prompt_key)
+            rm = row["reward_model"]
+            if not isinstance(rm, dict) or "ground_truth" not in rm:
+                raise DatasetError(
+                    f"{where}: 'reward_model' must be a mapping with 'ground_truth', got {str(rm)[:80]!r}"
+                )
+            text, prefix = _render(tokenizer, messages)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            report.longest_prompt = max(report.longest_prompt, len(ids))
+            if len(ids) > max_prompt_length:
+                if filter_overlong:
+                    report.overlong_filtered += 1
+                    continue
+                raise DatasetError(
+                    f"{where}: prompt is {len(ids)} tokens, longer than data.max_prompt_length={max_prompt_length}; "
+                    f"raise data.max_prompt_length or set data.filter_overlong_prompts=true to drop such rows (counted)"
+                )
+            extra = row.get("extra_info") or {}
+            samples.append(
+                PromptSample(
+                    input_ids=ids,
+                    data_source=str(row["data_source"]),
+                    ground_truth=rm["ground_truth"],
+                    extra_info=dict(extra) if isinstance(extra, dict) else {"value": extra},
+                    assistant_prefix=prefix,
+                    source=f"{file}:{i}",
+                )
+            )
+    if report.overlong_filtered:
+        log.warning(
+            "%s: dropped %d of %d prompts longer than data.max_prompt_length (data.filter_overlong_prompts=true)",
+            what,
+            report.overlong_filtered,
+            report.total_rows,
+        )
+    if not samples:
+        raise DatasetError(f"{what}: no prompts left after filtering ({report.overlong_filtered} overlong)")
+    return samples, report
+
+
+def collate(samples: list[PromptSample], pad_token_id: int, uid_offset: int = 0) -> Batch:
+    """Left-pad prompts into `prompts (bs, P)` and `prompt_mask (bs, P)`, with per-sample objects."""
+    width = max(len(s.input_ids) for s in samples)
+    prompts = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(samples), width), dtype=torch.long)
+    for i, s in enumerate(samples):
+        n = len(s.input_ids)
+        prompts[i, width - n :] = torch.tensor(s.input_ids, dtype=torch.long)
+        mask[i, width - n :] = 1
+    return Batch(
+        tensors={"prompts": prompts, "prompt_mask": mask},
+        non_tensors={
+            "data_source": [s.data_source for s in samples],
+            "ground_truth": [s.ground_truth for s in samples],
+            "extra_info": [s.extra_info for s in samples],
+            "assistant_prefix": [s.assistant_prefix for s in samples],
+            "uid": [f"p{uid_offset + i}" for i in range(len(samples))],
+        },
+    )
+
+
+class PromptLoader:
+    """Shuffled prompt batches for `epochs` epochs; an incomplete last batch is dropped (and counted)."""
+
+    def __init__(
+        self, samples: list[PromptSample], batch_size: int, pad_token_id: int, *, shuffle: bool, seed: int
+    ):
+        if batch_size > len(samples):
+            raise DatasetError(
+                f"data.train_batch_size={batch_size} is larger than the {len(samples)} training prompts; "
+                f"lower it or add data"
+            )
+        self.samples = samples
+        self.batch_size = batch_size
+        self.pad_token_id = pad_token_id
+        self.shuffle = shuffle
+        self.seed = seed
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.samples) // self.batch_size
+
+    @property
+    def dropped_per_epoch(self) -> int:
+        return len(self.samples) % self.batch_size
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        order = list(range(len(self.samples)))
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            order = torch.randperm(len(order), generator=g).tolist()
+        for b in range(self.steps_per_epoch):
+            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
+            offset = (epoch * self.steps_per_epoch + b) * self.batch_size
+            yield collate([self.samples[i] for i in idx], self.pad_token_id, uid_offset=offset)

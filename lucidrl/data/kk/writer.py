@@ -1,0 +1,94 @@
+"""Writing generated Knights & Knaves rows to train/val parquet files (verl's dataset layout)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lucidrl.data.kk.generator import MAX_PEOPLE, MIN_PEOPLE, generate_dataset, people_values
+
+# Explicit so that an empty split still gets the same columns, and types never depend on the data.
+_MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+KK_SCHEMA = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(_MESSAGE)),
+        ("ability", pa.string()),
+        (
+            "reward_model",
+            pa.struct(
+                [
+                    ("style", pa.string()),
+                    (
+                        "ground_truth",
+                        pa.struct(
+                            [
+                                ("solution_text_format", pa.string()),
+                                ("names", pa.list_(pa.string())),
+                                ("knights", pa.list_(pa.bool_())),
+                            ]
+                        ),
+                    ),
+                ]
+            ),
+        ),
+        (
+            "extra_info",
+            pa.struct(
+                [
+                    ("split", pa.string()),
+                    ("index", pa.int64()),
+                    ("n_people", pa.int64()),
+                    ("statements", pa.string()),
+                ]
+            ),
+        ),
+    ]
+)
+
+
+def parse_people_range(text: str) -> tuple[int, int]:
+    """Parse a people range from the command line: "3" -> (3, 3), "2-4" -> (2, 4)."""
+    allowed = f"a number of people from {MIN_PEOPLE} to {MAX_PEOPLE}, as 'N' or 'LO-HI' (e.g. '2-4')"
+    parts = str(text).strip().split("-")
+    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"people range {text!r} is not understood; expected {allowed}")
+    lo, hi = int(parts[0]), int(parts[-1])
+    if not (MIN_PEOPLE <= lo <= MAX_PEOPLE and MIN_PEOPLE <= hi <= MAX_PEOPLE):
+        raise ValueError(f"people range {text!r} is out of bounds; expected {allowed}")
+    if lo > hi:
+        raise ValueError(f"people range {text!r} is empty (low end above high end); write '{hi}-{lo}'")
+    return lo, hi
+
+
+def write_kk_parquet(
+    out_dir: str | os.PathLike[str],
+    people: tuple[int, int] | list[int] = (2, 4),
+    n_train: int = 1000,
+    n_val: int = 100,
+    seed: int = 0,
+) -> dict:
+    """Generate K&K puzzles and write `train.parquet` and `val.parquet` under `out_dir` (created if missing).
+
+    Returns {"train": path, "val": path, "n_train": int, "n_val": int, "per_people": {n: rows in both}}.
+    There are only 556 distinct 2-person puzzles; a request needing more raises ValueError.
+    """
+    people_values(people)  # validate before touching the file system
+    train, val = generate_dataset(people, n_train=n_train, n_val=n_val, seed=seed)
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {}
+    for split, rows in (("train", train), ("val", val)):
+        path = os.path.join(os.fspath(out_dir), f"{split}.parquet")
+        pq.write_table(pa.Table.from_pylist(rows, schema=KK_SCHEMA), path)
+        paths[split] = path
+    per_people = Counter(row["extra_info"]["n_people"] for row in train + val)
+    return {
+        "train": paths["train"],
+        "val": paths["val"],
+        "n_train": len(train),
+        "n_val": len(val),
+        "per_people": dict(sorted(per_people.items())),
+    }

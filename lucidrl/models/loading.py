@@ -1,0 +1,120 @@
+"""Load a causal LM and its tokenizer from local folders, offline, with errors that say what to fix.
+
+lucidrl never contacts a model hub: every `from_pretrained` call passes `local_files_only=True`,
+so `model.path` must be a folder on disk (a HuggingFace checkpoint, or one built by
+`lucidrl model tiny --out DIR`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Any one of these marks a folder as holding a tokenizer that AutoTokenizer can read.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+_BUILD_HINT = (
+    "build a local one with `lucidrl model tiny --out DIR` or point it at a downloaded checkpoint folder"
+)
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer folder could not be loaded; the message names the path, config key and fix."""
+
+
+def _check_folder(path: str, config_key: str, what: str) -> Path:
+    """Return `path` as a Path if it is an existing folder, else raise ModelLoadError explaining the key."""
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise ModelLoadError(
+            f"{config_key}={path!r}: {what} folder does not exist. lucidrl loads models from local "
+            f"folders only (no model hub access); set {config_key} to an existing folder, or {_BUILD_HINT}."
+        )
+    if not folder.is_dir():
+        raise ModelLoadError(
+            f"{config_key}={path!r} is a file, not a folder; set {config_key} to the folder that holds "
+            f"the {what} files (config.json, tokenizer.json, ...)."
+        )
+    return folder
+
+
+def load_tokenizer(path: str, pad_token: str | None = None, *, config_key: str = "model.path") -> Any:
+    """Load a tokenizer from a local folder and make sure it has a pad token.
+
+    Pad token rule: an explicit `pad_token` (config `model.pad_token`) must already be in the
+    vocabulary and is used as is; otherwise a tokenizer without a pad token pads with its eos token
+    and warns once. `padding_side` is left as the folder sets it, since lucidrl pads by hand.
+    `config_key` names the setting `path` came from (`model.path` or `model.tokenizer_path`).
+    """
+    from transformers import AutoTokenizer
+
+    folder = _check_folder(path, config_key, "tokenizer")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"{config_key}={path!r} has no tokenizer files (looked for {', '.join(TOKENIZER_FILES)}); "
+            f"set {config_key} to a folder that contains a tokenizer, or {_BUILD_HINT}."
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # transformers raises OSError, ValueError, KeyError... depending on what broke
+        raise ModelLoadError(
+            f"{config_key}={path!r}: AutoTokenizer could not load the tokenizer "
+            f"({type(exc).__name__}: {exc}); check the tokenizer files in that folder, or {_BUILD_HINT}."
+        ) from exc
+
+    if pad_token is not None:
+        if pad_token not in tokenizer.get_vocab():
+            raise ModelLoadError(
+                f"model.pad_token={pad_token!r} is not a token of the tokenizer at {config_key}={path!r}; "
+                f"use one of its existing tokens (eos is {tokenizer.eos_token!r}), or leave model.pad_token "
+                "unset to pad with eos."
+            )
+        tokenizer.pad_token = pad_token
+    elif tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelLoadError(
+                f"the tokenizer at {config_key}={path!r} has neither a pad token nor an eos token; "
+                "set model.pad_token to a token of its vocabulary."
+            )
+        warnings.warn(
+            f"the tokenizer at {config_key}={path!r} has no pad token; padding with its eos token "
+            f"{tokenizer.eos_token!r}. Set model.pad_token to silence this warning.",
+            UserWarning,
+            stacklevel=2,
+        )
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False) -> Any:
+    """Load a causal LM (`AutoModelForCausalLM`) from a local folder (config key `model.path`), offline."""
+    from transformers import AutoModelForCausalLM
+
+    folder = _check_folder(path, "model.path", "model")
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(
+            f"model.path={path!r} has no config.json, so it is not a HuggingFace model folder; "
+            f"set model.path to a folder saved by `save_pretrained`, or {_BUILD_HINT}."
+        )
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except Exception as exc:  # transformers raises OSError, ValueError, KeyError... depending on what broke
+        raise ModelLoadError(
+            f"model.path={path!r}: AutoModelForCausalLM could not load the model "
+            f"({type(exc).__name__}: {exc}); check the folder's config.json and weight files, or {_BUILD_HINT}."
+        ) from exc
+
+
+def check_tokenizer_matches_model(model: Any, tokenizer: Any, path: str) -> None:
+    """Raise ModelLoadError if the tokenizer can emit ids the model's embedding has no row for."""
+    embedding_rows = model.get_input_embeddings().weight.shape[0]
+    if embedding_rows < len(tokenizer):
+        raise ModelLoadError(
+            f"the model at model.path={path!r} has {embedding_rows} embedding rows but its tokenizer has "
+            f"{len(tokenizer)} tokens, so some token ids would index past the embedding; use the tokenizer "
+            "saved with this model (model.tokenizer_path) or resize the model's embeddings."
+        )

@@ -1,0 +1,69 @@
+"""Score a batch of responses with rule functions: token-level scores plus per-sample metrics."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lucidrl.batch import Batch
+from lucidrl.rewards.custom import load_custom_function, normalize_reward_output
+from lucidrl.rewards.registry import default_compute_score
+
+ComputeScore = Callable[[str, str, Any, dict | None], Any]
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised: which function, data_source and sample, with the original error."""
+
+
+class RuleRewardManager:
+    """Decodes each response, calls `compute_score`, and puts the score on its last response token."""
+
+    def __init__(
+        self, tokenizer, compute_score: ComputeScore | None = None, name: str = "default_compute_score"
+    ):
+        self.tokenizer = tokenizer
+        self.compute_score = compute_score or default_compute_score
+        self.name = name
+
+    @classmethod
+    def from_config(cls, tokenizer, path: str | None, name: str) -> RuleRewardManager:
+        if path:
+            return cls(tokenizer, load_custom_function(path, name), name=f"{path}:{name}")
+        return cls(tokenizer)
+
+    def decode_responses(self, batch: Batch) -> list[str]:
+        """The assistant's text per sample: the pre-filled prefix plus the generated tokens."""
+        texts = []
+        for i, (ids, mask) in enumerate(zip(batch["responses"], batch["response_mask"], strict=True)):
+            text = self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
+            texts.append(batch["assistant_prefix"][i] + text)
+        return texts
+
+    def score(self, batch: Batch) -> tuple[Batch, dict[str, list[float]]]:
+        """Batch with `token_level_scores (bs, R)`, and each extra metric the functions returned, per sample."""
+        texts = self.decode_responses(batch)
+        mask = batch["response_mask"]
+        scores = torch.zeros(mask.shape, dtype=torch.float32)
+        extras: dict[str, list[float]] = {}
+        for i, text in enumerate(texts):
+            ds = batch["data_source"][i]
+            try:
+                raw = self.compute_score(ds, text, batch["ground_truth"][i], batch["extra_info"][i])
+            except Exception as e:
+                raise RewardFunctionError(
+                    f"reward function {self.name} raised {type(e).__name__}: {e}\n"
+                    f"  data_source={ds!r}, sample {i}, response starts {text[:120]!r}\n"
+                    f"  original traceback:\n{traceback.format_exc()}"
+                ) from e
+            value, extra = normalize_reward_output(raw, data_source=ds, index=i)
+            last = int(mask[i].sum().item()) - 1
+            scores[i, max(last, 0)] = value
+            for k, v in extra.items():
+                extras.setdefault(k, [float("nan")] * len(texts))[i] = v
+        out = Batch(tensors={"token_level_scores": scores})
+        out.set("response_text", texts)
+        return out, extras

@@ -1,0 +1,84 @@
+"""Choosing a rule reward by a row's `data_source` (verl's `default_compute_score`), plus user registration.
+
+A reward function registered here takes `(solution_str, ground_truth, extra_info=None)` and returns a
+float or a dict holding "score" and extra metrics. Add one with the decorator:
+
+    @register_reward("my_task")
+    def my_score(solution_str, ground_truth, extra_info=None): ...
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from lucidrl.rewards import gsm8k, kk
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UnknownDataSourceError(ValueError):
+    """No reward function is registered for a row's data_source (the message lists the known ones)."""
+
+
+REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "kk_logic": kk.compute_score,
+    "kk": kk.compute_score,
+    "openai/gsm8k": gsm8k.compute_score,
+    "gsm8k": gsm8k.compute_score,
+}
+
+
+def known_data_sources() -> list[str]:
+    """Sorted data_source values that have a reward function."""
+    return sorted(REWARD_FUNCTIONS)
+
+
+def get_reward_function(data_source: str) -> Callable[..., Any]:
+    """The reward function for `data_source`; UnknownDataSourceError naming the close match otherwise."""
+    fn = REWARD_FUNCTIONS.get(data_source)
+    if fn is not None:
+        return fn
+    known = known_data_sources()
+    close = difflib.get_close_matches(str(data_source), known, n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    # One string argument only: an exception with a richer __init__ cannot be unpickled across processes.
+    raise UnknownDataSourceError(
+        f"no reward function for data_source {data_source!r}.{hint} Known data sources: {known}. "
+        f"For your own task, set reward.custom_function.path (a .py file) and reward.custom_function.name "
+        f"(the function in it), or decorate a function with @register_reward({data_source!r})."
+    )
+
+
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+) -> float | dict[str, float]:
+    """Score one response with the rule reward registered for its row's `data_source`."""
+    return get_reward_function(data_source)(solution_str, ground_truth, extra_info)
+
+
+def register_reward(data_source: str) -> Callable[[F], F]:
+    """Decorator registering `fn(solution_str, ground_truth, extra_info=None)` as the reward for `data_source`."""
+    if not isinstance(data_source, str) or not data_source:
+        raise ValueError(f"register_reward needs a non-empty data_source string, got {data_source!r}")
+
+    def decorator(fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"@register_reward({data_source!r}) decorates {fn!r}, which is not callable")
+        existing = REWARD_FUNCTIONS.get(data_source)
+        # Re-registering the same function (a module re-import) is harmless; another one would silently
+        # change how every row of that data_source is scored.
+        if existing is not None and _qualname(existing) != _qualname(fn):
+            raise ValueError(
+                f"data_source {data_source!r} already has the reward {_qualname(existing)}; cannot also "
+                f"register {_qualname(fn)} — use another data_source name in your rows"
+            )
+        REWARD_FUNCTIONS[data_source] = fn
+        return fn
+
+    return decorator
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

@@ -1,0 +1,71 @@
+"""Step metrics under the names verl users grep for (critic/score/mean, response_length/mean, ...)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from lucidrl.batch import Batch
+
+
+@contextmanager
+def timer(name: str, timings: dict[str, float]) -> Iterator[None]:
+    """Add the wall time of the block to timings[name] (seconds)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    values = values.float()
+    return {
+        f"{prefix}/mean": values.mean().item(),
+        f"{prefix}/max": values.max().item(),
+        f"{prefix}/min": values.min().item(),
+    }
+
+
+def nanmean(values: list[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else float("nan")
+
+
+def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
+    """Scores, rewards, advantages and lengths of one training batch."""
+    mask = batch["response_mask"].bool()
+    resp_len = mask.sum(-1)
+    prompt_len = batch["prompt_mask"].sum(-1)
+    seq_scores = batch["token_level_scores"].sum(-1)
+    seq_rewards = batch["token_level_rewards"].sum(-1)
+    out: dict[str, float] = {}
+    out.update(_stats("critic/score", seq_scores))
+    out.update(_stats("critic/rewards", seq_rewards))
+    adv = batch["advantages"][mask]
+    out.update(_stats("critic/advantages", adv if adv.numel() else torch.zeros(1)))
+    out.update(_stats("response_length", resp_len))
+    out["response_length/clip_ratio"] = (resp_len >= max_response_length).float().mean().item()
+    out.update(_stats("prompt_length", prompt_len))
+    # GRPO learns nothing from a group whose samples all scored the same: watch this fraction
+    groups: dict[str, list[float]] = defaultdict(list)
+    for uid, s in zip(batch["uid"], seq_scores.tolist(), strict=True):
+        groups[uid].append(s)
+    mixed = [len(set(v)) > 1 for v in groups.values()]
+    out["critic/groups_with_mixed_scores"] = sum(mixed) / len(mixed)
+    return out
+
+
+def timing_metrics(timings: dict[str, float], batch: Batch) -> dict[str, float]:
+    """timing_s/<stage> and perf/throughput (prompt + response tokens per second of the step)."""
+    out = {f"timing_s/{k}": v for k, v in timings.items()}
+    tokens = batch["response_mask"].sum().item() + batch["prompt_mask"].sum().item()
+    out["perf/total_num_tokens"] = float(tokens)
+    if timings.get("step"):
+        out["perf/throughput"] = tokens / timings["step"]
+    return out

@@ -1,0 +1,158 @@
+"""The PPO-family trainer: the step order of DESIGN.md, in-process, one screen long."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from pathlib import Path
+
+import torch
+
+from lucidrl.algos import get_advantage_estimator
+from lucidrl.batch import Batch
+from lucidrl.config import LucidConfig
+from lucidrl.data.dataset import PromptLoader
+from lucidrl.diagnostics.debug import debug_hop
+from lucidrl.trainer import setup
+from lucidrl.trainer.metrics import data_metrics, nanmean, timer, timing_metrics
+from lucidrl.trainer.tracking import Tracker
+from lucidrl.trainer.validation import validate
+
+log = logging.getLogger(__name__)
+
+
+def compute_advantage(batch: Batch, cfg: LucidConfig) -> Batch:
+    """Call the configured estimator with the inputs its signature asks for."""
+    estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
+    available = {
+        "token_level_rewards": batch["token_level_rewards"],
+        "response_mask": batch["response_mask"],
+        "index": batch["uid"],
+        "norm_adv_by_std_in_grpo": cfg.algorithm.norm_adv_by_std_in_grpo,
+    }
+    wanted = inspect.signature(estimator).parameters
+    advantages, returns = estimator(**{k: v for k, v in available.items() if k in wanted})
+    return Batch(tensors={"advantages": advantages, "returns": returns})
+
+
+class PPOTrainer:
+    """Drives rollout → reward → log-probs → advantage → update → sync, with validation and metrics."""
+
+    def __init__(self, cfg: LucidConfig):
+        self.cfg = cfg
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        setup.seed_everything(cfg.trainer.seed)
+        self.run_dir = setup.prepare_run_dir(cfg)
+        self.workers = setup.build_workers(cfg)
+        tok = self.workers.tokenizer
+        self.train_samples, self.val_samples, self.filter_report = setup.load_data(cfg, tok)
+        self.loader = PromptLoader(
+            self.train_samples,
+            cfg.data.train_batch_size,
+            tok.pad_token_id,
+            shuffle=cfg.data.shuffle,
+            seed=cfg.data.seed,
+        )
+        self.total_steps = (
+            cfg.trainer.total_training_steps or self.loader.steps_per_epoch * cfg.trainer.total_epochs
+        )
+        self.tracker = Tracker(cfg.trainer.logger, self.run_dir)
+        self.global_step = 0
+        self.last_val: dict[str, float] = {}
+        self.first_val: dict[str, float] = {}
+
+    def announce(self) -> None:
+        """Say what this run will do, including anything the data loading dropped."""
+        r, cfg = self.filter_report, self.cfg
+        lines = [
+            f"run directory {self.run_dir}",
+            f"{len(self.train_samples)} training prompts ({r.overlong_filtered} overlong filtered, longest "
+            f"{r.longest_prompt} tokens), {len(self.val_samples)} validation prompts",
+            f"{self.total_steps} steps of {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples, "
+            f"adv_estimator={cfg.algorithm.adv_estimator}, policy_loss={cfg.actor.policy_loss}, "
+            f"KL loss {'on (' + cfg.actor.kl_loss_type + ')' if cfg.actor.use_kl_loss else 'off'}",
+        ]
+        if self.loader.dropped_per_epoch:
+            lines.append(
+                f"{self.loader.dropped_per_epoch} prompts per epoch do not fill a batch of "
+                f"{cfg.data.train_batch_size} and are left out of that epoch"
+            )
+        for line in lines:
+            self.tracker.console.print(f"[dim]lucidrl:[/dim] {line}")
+
+    def _batches(self):
+        epoch = 0
+        while True:
+            yield from self.loader.epoch(epoch)
+            epoch += 1
+
+    def step(self, batch: Batch) -> dict[str, float]:
+        """One RL step; returns its metrics."""
+        cfg, w, t = self.cfg, self.workers, {}
+        with timer("step", t):
+            with timer("gen", t):
+                batch = w.rollout.generate(batch, setup.train_sampling(cfg))
+            debug_hop("rollout.generate -> trainer", batch)
+            with timer("reward", t):
+                scores, reward_extras = w.reward.score(batch)
+                batch.update(scores)
+                batch.set("token_level_rewards", batch["token_level_scores"])
+            with timer("old_log_prob", t):
+                batch.update(w.actor.compute_log_prob(batch))
+            if w.reference is not None:
+                with timer("ref", t):
+                    batch.update(w.reference.compute_log_prob(batch))
+            with timer("adv", t):
+                batch.update(compute_advantage(batch, cfg))
+            debug_hop("trainer -> actor.update", batch)
+            with timer("update_actor", t):
+                metrics = w.actor.update(batch)
+            w.rollout.sync_weights(w.actor.model)
+        metrics.update(data_metrics(batch, cfg.data.max_response_length))
+        metrics.update({f"reward/{k}/mean": nanmean(v) for k, v in reward_extras.items()})
+        metrics.update(timing_metrics(t, batch))
+        if "rollout_log_probs" in batch:
+            mask = batch["response_mask"].bool()
+            diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
+            metrics["rollout/logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        w, cfg = self.workers, self.cfg
+        if not self.val_samples:
+            return {}
+        metrics = validate(
+            w.rollout,
+            w.reward,
+            self.val_samples,
+            setup.val_sampling(cfg),
+            pad_token_id=w.tokenizer.pad_token_id,
+            batch_size=cfg.data.val_batch_size,
+        )
+        self.first_val = self.first_val or metrics
+        self.last_val = metrics
+        return metrics
+
+    def fit(self) -> Path:
+        """Train for the configured number of steps; returns the run directory."""
+        cfg = self.cfg.trainer
+        if self.cfg.trainer.val_before_train:
+            self.tracker.log(self.validate(), step=0)
+        batches = self._batches()
+        for _ in range(self.total_steps):
+            self.global_step += 1
+            metrics = self.step(next(batches))
+            last = self.global_step == self.total_steps
+            if (cfg.test_freq and self.global_step % cfg.test_freq == 0) or last:
+                metrics.update(self.validate())
+            self.tracker.log(metrics, step=self.global_step)
+        if cfg.save_final_model:
+            self.save_model(self.run_dir / "final")
+        self.tracker.close()
+        return self.run_dir
+
+    def save_model(self, path: Path) -> None:
+        """A HuggingFace model folder (safetensors + tokenizer) loadable by from_pretrained."""
+        self.workers.actor.model.save_pretrained(path)
+        self.workers.tokenizer.save_pretrained(path)

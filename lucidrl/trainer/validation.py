@@ -1,0 +1,62 @@
+"""Validation: generate on held-out prompts, score, and report reward and accuracy per data source.
+
+Accuracy is the reward function's "acc" metric when it returns one (K&K does), else the score itself
+(GSM8K-style 0/1 rewards). K&K samples also report accuracy per number of people, the table Logic-RL
+publishes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from lucidrl.batch import Batch
+from lucidrl.data.dataset import PromptSample, collate
+from lucidrl.rewards.manager import RuleRewardManager
+from lucidrl.trainer.metrics import nanmean
+from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+
+
+def validate(
+    rollout: HFRollout,
+    reward: RuleRewardManager,
+    samples: list[PromptSample],
+    params: SamplingParams,
+    *,
+    pad_token_id: int,
+    batch_size: int | None,
+) -> dict[str, float]:
+    """val/<data_source>/score, val/<data_source>/acc, val/<data_source>/acc/<n>_people and extras."""
+    bs = batch_size or len(samples)
+    scored: list[Batch] = []
+    extras: dict[str, list[float]] = defaultdict(list)
+    for start in range(0, len(samples), bs):
+        batch = rollout.generate(collate(samples[start : start + bs], pad_token_id), params)
+        scores, extra = reward.score(batch)
+        batch.update(scores)
+        n = len(batch)
+        for k in set(extras) | set(extra):
+            extras[k].extend(extra.get(k, [float("nan")] * n))
+        scored.append(batch)
+    batch = Batch.concat(scored)
+    seq_scores = batch["token_level_scores"].sum(-1).tolist()
+    acc = extras.get("acc", seq_scores)
+    lengths = batch["response_mask"].sum(-1).tolist()
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, ds in enumerate(batch["data_source"]):
+        groups[ds].append(i)
+        n_people = batch["extra_info"][i].get("n_people")
+        if n_people is not None:
+            groups[f"{ds}/acc/{n_people}_people"].append(i)
+    out: dict[str, float] = {}
+    for key, idx in groups.items():
+        if "/acc/" in key:
+            out[f"val/{key}"] = nanmean([acc[i] for i in idx])
+            continue
+        out[f"val/{key}/score"] = nanmean([seq_scores[i] for i in idx])
+        out[f"val/{key}/acc"] = nanmean([acc[i] for i in idx])
+        out[f"val/{key}/response_length"] = nanmean([lengths[i] for i in idx])
+        for k, values in extras.items():
+            if k != "acc":
+                out[f"val/{key}/{k}"] = nanmean([values[i] for i in idx])
+    out["val/acc"] = nanmean(acc)
+    return out

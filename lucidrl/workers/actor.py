@@ -1,0 +1,138 @@
+"""Actor and reference workers: log-probs of sampled responses, and the PPO-family policy update."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+
+from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
+from lucidrl.batch import Batch
+from lucidrl.config.schema import ActorConfig
+from lucidrl.workers.forward import response_log_probs
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Every optimizer step of an update had a non-finite gradient norm: training cannot go on."""
+
+
+class ReferenceWorker:
+    """A frozen copy of the initial policy, for the KL term."""
+
+    def __init__(self, model: torch.nn.Module, *, micro_batch_size: int, temperature: float):
+        self.model = model.eval().requires_grad_(False)
+        self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+
+    @torch.no_grad()
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """Batch with `ref_log_probs (bs, R)`."""
+        parts = [
+            response_log_probs(self.model, mb, temperature=self.temperature, with_entropy=False)[0]
+            for mb in batch.split(self.micro_batch_size)
+        ]
+        return Batch(tensors={"ref_log_probs": torch.cat(parts) * batch["response_mask"]})
+
+
+class ActorWorker:
+    """Holds the policy and its optimizer; computes log-probs and runs PPO-style updates."""
+
+    def __init__(
+        self, model: torch.nn.Module, cfg: ActorConfig, *, temperature: float, samples_per_prompt: int
+    ):
+        self.model = model
+        self.cfg = cfg
+        self.temperature = temperature
+        self.samples_per_prompt = samples_per_prompt
+        self.policy_loss_fn = get_policy_loss(cfg.policy_loss)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay
+        )
+        warmup = cfg.optim.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+        )
+        self.nonfinite_skipped = 0
+
+    @torch.no_grad()
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """Batch with `old_log_probs (bs, R)` and `entropy (bs, R)` under the current weights."""
+        was_training = self.model.training
+        self.model.eval()
+        lps, ents = [], []
+        try:
+            for mb in batch.split(self.cfg.log_prob_micro_batch_size):
+                lp, ent = response_log_probs(self.model, mb, temperature=self.temperature, with_entropy=True)
+                lps.append(lp)
+                ents.append(ent)
+        finally:
+            self.model.train(was_training)
+        mask = batch["response_mask"]
+        return Batch(tensors={"old_log_probs": torch.cat(lps) * mask, "entropy": torch.cat(ents) * mask})
+
+    def _micro_step(self, ub: Batch, weight: float, metrics: dict[str, list[float]]) -> None:
+        cfg = self.cfg
+        mask = ub["response_mask"]
+        log_prob, entropy = response_log_probs(
+            self.model, ub, temperature=self.temperature, with_entropy=True
+        )
+        pg_loss, pg_metrics = self.policy_loss_fn(
+            old_log_prob=ub["old_log_probs"],
+            log_prob=log_prob,
+            advantages=ub["advantages"],
+            response_mask=mask,
+            clip_ratio_low=cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            loss_agg_mode=cfg.loss_agg_mode,
+        )
+        loss = pg_loss
+        entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode)
+        if cfg.entropy_coeff:
+            loss = loss - cfg.entropy_coeff * entropy_loss
+        if cfg.use_kl_loss:
+            kl = kl_penalty(log_prob, ub["ref_log_probs"], cfg.kl_loss_type)
+            kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
+            loss = loss + cfg.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"].append(kl_loss.item())
+            metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
+        (loss * weight).backward()
+        metrics["actor/pg_loss"].append(pg_loss.item())
+        metrics["actor/entropy"].append(entropy_loss.item())
+        for k, v in pg_metrics.items():
+            metrics[f"actor/{k}"].append(float(v))
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each."""
+        cfg = self.cfg
+        self.model.train()
+        mini = cfg.ppo_mini_batch_size * self.samples_per_prompt
+        metrics: dict[str, list[float]] = defaultdict(list)
+        steps = skipped = 0
+        for _ in range(cfg.ppo_epochs):
+            for mb in batch.split(mini):
+                self.optimizer.zero_grad(set_to_none=True)
+                for ub in mb.split(cfg.ppo_micro_batch_size):
+                    self._micro_step(ub, len(ub) / len(mb), metrics)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+                steps += 1
+                if not math.isfinite(grad_norm.item()):
+                    # never train on a NaN/inf gradient: drop this step, count it, say so in metrics
+                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
+                else:
+                    self.optimizer.step()
+                    metrics["actor/grad_norm"].append(grad_norm.item())
+                self.scheduler.step()
+        self.nonfinite_skipped += skipped
+        if skipped == steps:
+            raise NonFiniteLossError(
+                f"all {steps} optimizer steps of this update had a non-finite gradient norm (NaN/inf loss); "
+                f"lower actor.optim.lr, check the rewards for NaN, or use model.dtype=float32"
+            )
+        out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        out["actor/lr"] = self.scheduler.get_last_lr()[0]
+        out["actor/nonfinite_skipped"] = float(skipped)
+        return out

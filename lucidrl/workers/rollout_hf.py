@@ -1,0 +1,109 @@
+"""Rollout engine over transformers' `generate`: n samples per prompt with their sampling log-probs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+from lucidrl.algos import logprobs_from_logits
+from lucidrl.batch import Batch
+
+
+@dataclass
+class SamplingParams:
+    """How to sample: `do_sample=False` is greedy decoding (temperature, top_p, top_k unused)."""
+
+    n: int = 1
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    max_new_tokens: int = 256
+
+
+def response_mask_from_ids(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
+    """1 for every token up to and including the first eos of each row, 0 after it. (bs, R) → (bs, R)."""
+    is_eos = torch.isin(responses, torch.tensor(eos_ids, device=responses.device))
+    # tokens strictly after the first eos have a positive count of eos before them
+    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
+    return (eos_before == 0).long()
+
+
+class HFRollout:
+    """Generates with the actor's own module (colocated in-process: weights are shared, sync is free)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, micro_batch_size: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.micro_batch_size = micro_batch_size
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+            eos_ids.append(tokenizer.eos_token_id)
+        if not eos_ids:
+            raise ValueError(
+                "the tokenizer and the model's generation_config define no eos token; generation could not stop"
+            )
+        self.eos_ids = eos_ids
+        self.pad_id = tokenizer.pad_token_id
+
+    def sync_weights(self, model: torch.nn.Module) -> str:
+        """After an actor update: colocated in one process, the rollout already holds the same module."""
+        if model is not self.model:
+            self.model.load_state_dict(model.state_dict())
+            return "copied"
+        return "shared"
+
+    @torch.no_grad()
+    def generate(self, batch: Batch, params: SamplingParams) -> Batch:
+        """Repeat each prompt n times (interleaved) and add responses, response_mask, rollout_log_probs."""
+        expanded = batch.repeat(params.n, interleave=True) if params.n > 1 else batch
+        gen_cfg = GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=params.do_sample,
+            temperature=params.temperature if params.do_sample else None,
+            top_p=params.top_p if params.do_sample else None,
+            top_k=(params.top_k if params.top_k > 0 else 0) if params.do_sample else None,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            bos_token_id=None,
+            return_dict_in_generate=True,
+            output_logits=params.do_sample,
+        )
+        was_training = self.model.training
+        self.model.eval()
+        outs, logps = [], []
+        try:
+            for chunk in expanded.split(self.micro_batch_size):
+                out = self.model.generate(
+                    input_ids=chunk["prompts"],
+                    attention_mask=chunk["prompt_mask"],
+                    generation_config=gen_cfg,
+                )
+                resp = out.sequences[:, chunk["prompts"].shape[1] :]
+                outs.append(resp)
+                if params.do_sample:
+                    logits = torch.stack(out.logits, dim=1).float() / params.temperature
+                    logps.append(logprobs_from_logits(logits, resp))
+        finally:
+            self.model.train(was_training)
+        width = max(o.shape[1] for o in outs)
+        responses = torch.cat([_pad_right(o, width, self.pad_id) for o in outs])
+        mask = response_mask_from_ids(responses, self.eos_ids)
+        responses = responses.masked_fill(mask == 0, self.pad_id)
+        expanded.set("responses", responses)
+        expanded.set("response_mask", mask)
+        if logps:
+            lp = torch.cat([_pad_right(x, width, 0.0) for x in logps])
+            expanded.set("rollout_log_probs", lp * mask)
+        expanded.meta["sampling"] = params
+        return expanded
+
+
+def _pad_right(x: torch.Tensor, width: int, value: float | int) -> torch.Tensor:
+    if x.shape[1] == width:
+        return x
+    pad = torch.full((x.shape[0], width - x.shape[1]), value, dtype=x.dtype, device=x.device)
+    return torch.cat([x, pad], dim=1)

@@ -1,0 +1,36 @@
+"""Shared fixtures: one tiny model and one small K&K data set per test session, built locally."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def kk_data(tmp_path_factory):
+    from lucidrl.data.kk import write_kk_parquet
+
+    out = tmp_path_factory.mktemp("kk")
+    return write_kk_parquet(out, people=(2, 3), n_train=32, n_val=8, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    from lucidrl.models import build_tiny_model
+    from lucidrl.trainer.demo import kk_tokenizer_corpus
+
+    out = tmp_path_factory.mktemp("tiny")
+    return build_tiny_model(
+        out, kk_tokenizer_corpus(seed=0, n_puzzles=100), hidden_size=64, num_layers=2, seed=0
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model):
+    from lucidrl.models import load_tokenizer
+
+    return load_tokenizer(str(tiny_model["path"]))

@@ -1,0 +1,91 @@
+import pytest
+
+from lucidrl.config import ConfigError, config_from_dict, load_config, parse_override
+
+
+def test_defaults_and_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model:\n  path: /m\nactor:\n  optim:\n    lr: 1e-4\nrollout:\n  n: 8\n")
+    cfg = load_config(f, ["rollout.temperature=0.7", "data.train_files=a.parquet", "trainer.logger=[jsonl]"])
+    assert cfg.model.path == "/m"
+    assert cfg.actor.optim.lr == pytest.approx(1e-4)
+    assert cfg.rollout.n == 8 and cfg.rollout.temperature == 0.7
+    assert cfg.data.train_files == ["a.parquet"]
+    assert cfg.trainer.logger == ["jsonl"]
+
+
+def test_unknown_key_names_closest_valid_key():
+    with pytest.raises(ConfigError, match=r"unknown config key 'rollout.temprature'.*'rollout.temperature'"):
+        load_config(None, ["rollout.temprature=0.5"])
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'actor.clip_ratio'.*did you mean 'actor.clip_ratio_\w+'"
+    ):
+        load_config(None, ["actor.clip_ratio=0.2"])
+
+
+def test_unknown_key_in_file_names_the_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("data:\n  max_prompt_lenght: 10\n")
+    with pytest.raises(ConfigError, match=r"data.max_prompt_lenght.*file .*c.yaml.*data.max_prompt_length"):
+        load_config(f)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rollout.n=two", "rollout.n.*must be an integer, got 'two'"),
+        ("actor.use_kl_loss=1", "must be true or false"),
+        ("model.dtype=float16", "must be one of 'float32', 'bfloat16'"),
+        ("rollout.top_p=1.5", r"rollout.top_p.*\(0, 1\]"),
+        ("actor.clip_ratio_c=1.0", "clip_ratio_c must be > 1"),
+        ("algorithm.adv_estimator=grpoo", "algorithm.adv_estimator.*grpo"),
+        ("actor.loss_agg_mode=token_mean", "actor.loss_agg_mode.*token-mean"),
+        ("rollout.n=0", "rollout.n' must be > 0"),
+        ("trainer.logger=[wandb]", "unknown backend"),
+        ("rollout=3", "is a section"),
+    ],
+)
+def test_bad_values_are_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_batch_arithmetic_is_checked():
+    with pytest.raises(ConfigError, match="not divisible by actor.ppo_mini_batch_size=3"):
+        config_from_dict({"data": {"train_batch_size": 8}, "actor": {"ppo_mini_batch_size": 3}})
+    with pytest.raises(ConfigError, match="larger than data.train_batch_size"):
+        config_from_dict({"data": {"train_batch_size": 4}, "actor": {"ppo_mini_batch_size": 8}})
+    with pytest.raises(ConfigError, match="4 x 2 = 8 samples, not divisible by actor.ppo_micro_batch_size=3"):
+        config_from_dict(
+            {
+                "data": {"train_batch_size": 4},
+                "rollout": {"n": 2},
+                "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 3},
+            }
+        )
+    with pytest.raises(ConfigError, match="rollout.n must be >= 2"):
+        config_from_dict({"rollout": {"n": 1}})
+
+
+def test_parse_override_types():
+    assert parse_override("a.b=8") == ("a.b", 8)
+    assert parse_override("a.b=1e-4") == ("a.b", 1e-4)
+    assert parse_override("a.b=true") == ("a.b", True)
+    assert parse_override("a.b=null") == ("a.b", None)
+    assert parse_override("a.b=x=y") == ("a.b", "x=y")
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_override("rollout.n")
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("/nonexistent/c.yaml")
+
+
+def test_shipped_example_configs_load():
+    from pathlib import Path
+
+    examples = sorted(Path(__file__).parent.parent.glob("examples/*.yaml"))
+    assert examples
+    for path in examples:
+        load_config(path)

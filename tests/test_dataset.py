@@ -1,0 +1,78 @@
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lucidrl.data.dataset import DatasetError, PromptLoader, collate, load_prompts
+
+
+def test_kk_rows_become_prompts_with_prefilled_think(kk_data, tiny_tokenizer):
+    samples, report = load_prompts([kk_data["train"]], tiny_tokenizer, max_prompt_length=1024)
+    assert len(samples) == 32 and report.overlong_filtered == 0
+    s = samples[0]
+    assert s.data_source == "kk_logic" and s.assistant_prefix == "<think>"
+    text = tiny_tokenizer.decode(s.input_ids)
+    assert text.endswith("<|im_start|>assistant\n<think>")
+    assert "knights and knaves" in text
+
+
+def test_overlong_prompt_is_an_error_naming_file_and_row(kk_data, tiny_tokenizer):
+    with pytest.raises(
+        DatasetError,
+        match=r"train.parquet row 0: prompt is \d+ tokens, longer than data.max_prompt_length=10",
+    ):
+        load_prompts([kk_data["train"]], tiny_tokenizer, max_prompt_length=10)
+
+
+def test_overlong_prompts_filtered_and_counted(kk_data, tiny_tokenizer):
+    samples, _ = load_prompts([kk_data["train"]], tiny_tokenizer, max_prompt_length=100_000)
+    lengths = sorted(len(s.input_ids) for s in samples)
+    cut = lengths[len(lengths) // 2]
+    kept, report = load_prompts(
+        [kk_data["train"]], tiny_tokenizer, max_prompt_length=cut, filter_overlong=True
+    )
+    assert report.overlong_filtered == sum(n > cut for n in lengths) > 0
+    assert len(kept) == 32 - report.overlong_filtered
+    assert all(len(s.input_ids) <= cut for s in kept)
+
+
+def test_missing_column_names_column_and_file(tmp_path, tiny_tokenizer):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(
+        pa.table({"data_source": ["kk_logic"], "prompt": [[{"role": "user", "content": "hi"}]]}), path
+    )
+    with pytest.raises(DatasetError, match=r"bad.parquet' has no column 'reward_model'"):
+        load_prompts([str(path)], tiny_tokenizer, max_prompt_length=100)
+    with pytest.raises(DatasetError, match=r"has no column 'question'.*data.prompt_key"):
+        load_prompts([str(path)], tiny_tokenizer, max_prompt_length=100, prompt_key="question")
+
+
+def test_missing_file_and_bad_messages(tmp_path, tiny_tokenizer):
+    with pytest.raises(DatasetError, match="'nope.parquet' does not exist"):
+        load_prompts(["nope.parquet"], tiny_tokenizer, max_prompt_length=100)
+    path = tmp_path / "msg.parquet"
+    pq.write_table(
+        pa.table(
+            {"data_source": ["x"], "prompt": [[{"role": "user"}]], "reward_model": [{"ground_truth": "1"}]}
+        ),
+        path,
+    )
+    with pytest.raises(DatasetError, match="msg.parquet row 0: message"):
+        load_prompts([str(path)], tiny_tokenizer, max_prompt_length=100)
+
+
+def test_collate_left_pads_and_loader_is_seeded(kk_data, tiny_tokenizer):
+    samples, _ = load_prompts([kk_data["train"]], tiny_tokenizer, max_prompt_length=1024)
+    batch = collate(samples[:3], tiny_tokenizer.pad_token_id)
+    lengths = [len(s.input_ids) for s in samples[:3]]
+    assert batch["prompt_mask"].sum(-1).tolist() == lengths
+    row = batch["prompts"][0][batch["prompt_mask"][0].bool()].tolist()
+    assert row == samples[0].input_ids
+    assert batch["prompt_mask"][:, -1].tolist() == [1, 1, 1]  # left padding: last column always real
+    a = [b["uid"] for b in PromptLoader(samples, 8, 0, shuffle=True, seed=3).epoch(0)]
+    b = [b["ground_truth"] for b in PromptLoader(samples, 8, 0, shuffle=True, seed=3).epoch(0)]
+    c = [b["ground_truth"] for b in PromptLoader(samples, 8, 0, shuffle=True, seed=4).epoch(0)]
+    assert len(a) == 4 and b != c
+    loader = PromptLoader(samples[:10], 4, 0, shuffle=False, seed=0)
+    assert loader.steps_per_epoch == 2 and loader.dropped_per_epoch == 2
+    with pytest.raises(DatasetError, match="larger than the 10 training prompts"):
+        PromptLoader(samples[:10], 16, 0, shuffle=False, seed=0)

@@ -1,0 +1,58 @@
+import torch
+
+from lucidrl.data.dataset import collate, load_prompts
+from lucidrl.models import load_model
+from lucidrl.workers.forward import response_log_probs
+from lucidrl.workers.rollout_hf import HFRollout, SamplingParams, response_mask_from_ids
+
+
+def test_response_mask_stops_after_first_eos():
+    ids = torch.tensor([[5, 6, 2, 7, 2], [5, 5, 5, 5, 5], [2, 0, 0, 0, 0]])
+    assert response_mask_from_ids(ids, [2]).tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+    assert response_mask_from_ids(ids, [2, 7]).tolist()[0] == [1, 1, 1, 0, 0]
+
+
+def _prompts(kk_data, tok, k=3):
+    samples, _ = load_prompts([kk_data["train"]], tok, max_prompt_length=2048)
+    return collate(samples[:k], tok.pad_token_id)
+
+
+def test_generate_n_samples_with_logprobs_matching_a_training_forward(kk_data, tiny_model, tiny_tokenizer):
+    model = load_model(tiny_model["path"])
+    batch = _prompts(kk_data, tiny_tokenizer)
+    torch.manual_seed(0)
+    out = HFRollout(model, tiny_tokenizer).generate(
+        batch, SamplingParams(n=4, temperature=0.8, max_new_tokens=24)
+    )
+    assert len(out) == 12 and out["uid"][:4] == ["p0"] * 4 and out["uid"][4] == "p1"
+    assert torch.equal(out["prompts"][0], out["prompts"][3])
+    assert out["responses"].shape[1] <= 24
+    mask = out["response_mask"]
+    # padding after an eos is the pad id and carries no log-prob
+    assert torch.all(out["responses"][mask == 0] == tiny_tokenizer.pad_token_id)
+    assert torch.all(out["rollout_log_probs"][mask == 0] == 0)
+    # sampling log-probs equal a full forward at the same temperature (positions from left padding)
+    with torch.no_grad():
+        lp, _ = response_log_probs(model.eval(), out, temperature=0.8, with_entropy=False)
+    assert (lp - out["rollout_log_probs"])[mask.bool()].abs().max() < 1e-4
+
+
+def test_greedy_generation_is_deterministic_and_has_no_logprobs(kk_data, tiny_model, tiny_tokenizer):
+    model = load_model(tiny_model["path"])
+    batch = _prompts(kk_data, tiny_tokenizer, k=2)
+    params = SamplingParams(n=1, do_sample=False, max_new_tokens=16)
+    a = HFRollout(model, tiny_tokenizer).generate(batch, params)
+    b = HFRollout(model, tiny_tokenizer).generate(batch, params)
+    assert torch.equal(a["responses"], b["responses"]) and "rollout_log_probs" not in a
+
+
+def test_sampling_respects_top_k_one(kk_data, tiny_model, tiny_tokenizer):
+    model = load_model(tiny_model["path"])
+    batch = _prompts(kk_data, tiny_tokenizer, k=2)
+    greedy = HFRollout(model, tiny_tokenizer).generate(
+        batch, SamplingParams(n=1, do_sample=False, max_new_tokens=12)
+    )
+    topk1 = HFRollout(model, tiny_tokenizer).generate(
+        batch, SamplingParams(n=1, do_sample=True, temperature=1.5, top_k=1, max_new_tokens=12)
+    )
+    assert torch.equal(greedy["responses"], topk1["responses"])
