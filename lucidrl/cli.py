@@ -63,6 +63,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from lucidrl.config import SFTConfig, load_config
+    from lucidrl.trainer.sft import SFTTrainer
+
+    config_path, overrides = _split_config_args(args.args)
+    trainer = SFTTrainer(load_config(config_path, overrides, schema=SFTConfig))
+    run_dir = trainer.fit()
+    print(f"run directory: {run_dir} (metrics.jsonl, config.yaml, final/ HuggingFace model)")
+    return 0
+
+
 def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
     if items and "=" not in items[0]:
         return items[0], items[1:]
@@ -93,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train from a YAML config plus key=value overrides")
     train.add_argument("args", nargs="*", metavar="CONFIG.yaml key=value", help="config file, then overrides")
     train.set_defaults(fn=_cmd_train)
+
+    sft = sub.add_parser("sft", help="supervised fine-tuning on (prompt, response) parquet")
+    sft.add_argument("args", nargs="*", metavar="CONFIG.yaml key=value", help="config file, then overrides")
+    sft.set_defaults(fn=_cmd_sft)
 
     data = sub.add_parser("data", help="generate task data").add_subparsers(dest="task", required=True)
     kk = data.add_parser("kk", help="Knights & Knaves puzzles as verl-schema parquet")

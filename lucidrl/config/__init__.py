@@ -8,11 +8,12 @@ from lucidrl.config.loader import (
     to_dict,
     validate,
 )
-from lucidrl.config.schema import LucidConfig
+from lucidrl.config.schema import LucidConfig, SFTConfig
 
 __all__ = [
     "ConfigError",
     "LucidConfig",
+    "SFTConfig",
     "config_from_dict",
     "load_config",
     "parse_override",

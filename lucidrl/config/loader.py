@@ -11,11 +11,13 @@ import dataclasses
 import difflib
 import types
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from lucidrl.config.schema import LucidConfig
+from lucidrl.config.schema import LucidConfig, SFTConfig
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -33,8 +35,8 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
-def _unknown_key_error(key: str, source: str) -> ConfigError:
-    known = _all_keys(LucidConfig)
+def _unknown_key_error(key: str, source: str, root: type) -> ConfigError:
+    known = _all_keys(root)
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
     if not close:  # try the last component alone: `rollout.temprature` vs `temperature`
         leaf = key.rsplit(".", 1)[-1]
@@ -104,7 +106,8 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     raise ConfigError(f"config key '{key}' has an unsupported type {hint!r}")  # a schema bug
 
 
-def _apply(obj: Any, data: dict[str, Any], prefix: str, source: str) -> None:
+def _apply(obj: Any, data: dict[str, Any], prefix: str, source: str, root: type | None = None) -> None:
+    root = root or type(obj)
     if not isinstance(data, dict):
         raise ConfigError(
             f"config section '{prefix.rstrip('.') or '<root>'}' (from {source}) must be a mapping"
@@ -113,7 +116,7 @@ def _apply(obj: Any, data: dict[str, Any], prefix: str, source: str) -> None:
     for name, value in data.items():
         key = f"{prefix}{name}"
         if name not in hints:
-            raise _unknown_key_error(key, source)
+            raise _unknown_key_error(key, source, root)
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
             if value is None:
@@ -122,7 +125,7 @@ def _apply(obj: Any, data: dict[str, Any], prefix: str, source: str) -> None:
                 raise ConfigError(
                     f"config key '{key}' (from {source}) is a section; give it a mapping, not {value!r}"
                 )
-            _apply(getattr(obj, name), value, key + ".", source)
+            _apply(getattr(obj, name), value, key + ".", source, root)
         else:
             setattr(obj, name, _coerce(value, hint, key, source))
 
@@ -166,9 +169,11 @@ def _yaml_float_fix(node: Any) -> Any:
     return node
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> LucidConfig:
-    """The config from a YAML file (optional) plus `key=value` overrides, validated."""
-    cfg = LucidConfig()
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, schema: type[T] = LucidConfig
+) -> T:
+    """The config (of `schema`: the RL run's by default) from a YAML file plus `key=value` overrides, validated."""
+    cfg = schema()
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -185,9 +190,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
-def config_from_dict(data: dict[str, Any], source: str = "dict") -> LucidConfig:
+def config_from_dict(data: dict[str, Any], source: str = "dict", schema: type[T] = LucidConfig) -> T:
     """The config from a nested dict (tests, notebooks), validated like a file."""
-    cfg = LucidConfig()
+    cfg = schema()
     _apply(cfg, data, "", source)
     validate(cfg)
     return cfg
@@ -202,8 +207,36 @@ def _positive(cfg: LucidConfig, *keys: str) -> None:
             raise ConfigError(f"config key '{key}' must be > 0, got {node}")
 
 
-def validate(cfg: LucidConfig) -> None:
-    """Cross-field checks: batch arithmetic, ranges and names that must exist in a registry."""
+def validate(cfg: Any) -> None:
+    """Cross-field checks of whichever config tree `cfg` is."""
+    if isinstance(cfg, SFTConfig):
+        _validate_sft(cfg)
+    elif isinstance(cfg, LucidConfig):
+        _validate_rl(cfg)
+
+
+def _validate_sft(cfg: SFTConfig) -> None:
+    _positive(
+        cfg,
+        "data.max_length",
+        "data.batch_size",
+        "micro_batch_size",
+        "trainer.total_epochs",
+        "trainer.total_training_steps",
+    )
+    if cfg.data.batch_size % cfg.micro_batch_size:
+        raise ConfigError(
+            f"data.batch_size={cfg.data.batch_size} is not divisible by micro_batch_size={cfg.micro_batch_size}"
+        )
+    if cfg.trainer.test_freq < 0 or cfg.trainer.checkpoint_freq < 0:
+        raise ConfigError("trainer.test_freq and trainer.checkpoint_freq must be >= 0 (0: off)")
+    bad = [x for x in cfg.trainer.logger if x not in ("console", "jsonl")]
+    if bad:
+        raise ConfigError(f"trainer.logger has unknown backend(s) {bad}; available: console, jsonl")
+
+
+def _validate_rl(cfg: LucidConfig) -> None:
+    """Batch arithmetic, ranges and names that must exist in a registry."""
     _positive(
         cfg,
         "data.train_batch_size",
@@ -253,10 +286,48 @@ def validate(cfg: LucidConfig) -> None:
         raise ConfigError(
             f"actor.clip_ratio_c must be > 1 (dual clip bound, usually 3), got {a.clip_ratio_c}"
         )
-    if cfg.algorithm.adv_estimator == "grpo" and r.n < 2:
+    alg = cfg.algorithm
+    if alg.adv_estimator in GROUP_ESTIMATORS and r.n < 2:
         raise ConfigError(
-            f"algorithm.adv_estimator=grpo compares samples of one prompt, so rollout.n must be >= 2 (got {r.n})"
+            f"algorithm.adv_estimator={alg.adv_estimator} compares samples of one prompt, so rollout.n must be "
+            f">= 2 (got {r.n})"
         )
+    if alg.filter_groups.enable and r.n < 2:
+        raise ConfigError(
+            "algorithm.filter_groups.enable=true drops groups whose samples tie: needs rollout.n >= 2"
+        )
+    if alg.filter_groups.max_num_gen_batches < 1:
+        raise ConfigError(
+            f"algorithm.filter_groups.max_num_gen_batches must be >= 1 (rounds per step), got "
+            f"{alg.filter_groups.max_num_gen_batches}"
+        )
+    for key, v in (("algorithm.gamma", alg.gamma), ("algorithm.lam", alg.lam)):
+        if not 0.0 <= v <= 1.0:
+            raise ConfigError(f"config key '{key}' must be in [0, 1], got {v}")
+    if alg.use_kl_in_reward and cfg.actor.use_kl_loss:
+        raise ConfigError(
+            "algorithm.use_kl_in_reward=true and actor.use_kl_loss=true both penalise KL to the reference; "
+            "pick one (verl's GRPO recipes use the loss, PPO recipes the reward penalty)"
+        )
+    ob = cfg.reward.overlong_buffer
+    if ob.enable and not 0 < ob.len < d.max_response_length:
+        raise ConfigError(
+            f"reward.overlong_buffer.len={ob.len} must be in (0, data.max_response_length={d.max_response_length})"
+        )
+    c = cfg.critic
+    _positive(cfg, "critic.ppo_micro_batch_size", "critic.ppo_epochs", "critic.ppo_mini_batch_size")
+    if c.warmup_steps < 0 or c.cliprange_value <= 0:
+        raise ConfigError("critic.warmup_steps must be >= 0 and critic.cliprange_value > 0")
+    if alg.adv_estimator == "gae":
+        mini = (c.ppo_mini_batch_size or a.ppo_mini_batch_size) * r.n
+        if (
+            d.train_batch_size % (c.ppo_mini_batch_size or a.ppo_mini_batch_size)
+            or mini % c.ppo_micro_batch_size
+        ):
+            raise ConfigError(
+                f"critic mini-batches of {mini} samples must divide the batch and be divisible by "
+                f"critic.ppo_micro_batch_size={c.ppo_micro_batch_size}"
+            )
     if cfg.trainer.test_freq < 0:
         raise ConfigError(
             f"trainer.test_freq must be >= 0 (0: validate after the last step), got {cfg.trainer.test_freq}"
@@ -265,6 +336,10 @@ def validate(cfg: LucidConfig) -> None:
     if bad:
         raise ConfigError(f"trainer.logger has unknown backend(s) {bad}; available: console, jsonl")
     _validate_names(cfg)
+
+
+# estimators whose baseline comes from the other samples of the same prompt
+GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "reinforce_plus_plus_baseline")
 
 
 def _validate_names(cfg: LucidConfig) -> None:
@@ -278,6 +353,8 @@ def _validate_names(cfg: LucidConfig) -> None:
         ("actor.policy_loss", lambda: algos.get_policy_loss(cfg.actor.policy_loss)),
         ("actor.loss_agg_mode", lambda: algos.agg_loss(probe, torch.ones(1, 1), cfg.actor.loss_agg_mode)),
         ("actor.kl_loss_type", lambda: algos.kl_penalty(probe, probe, cfg.actor.kl_loss_type)),
+        ("algorithm.kl_penalty", lambda: algos.kl_penalty(probe, probe, cfg.algorithm.kl_penalty)),
+        ("critic.loss_agg_mode", lambda: algos.agg_loss(probe, torch.ones(1, 1), cfg.critic.loss_agg_mode)),
     ]
     for key, check in checks:
         try:

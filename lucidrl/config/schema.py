@@ -83,9 +83,45 @@ class ActorConfig:
 
 
 @dataclass
+class KLControlConfig:
+    type: Literal["fixed", "adaptive"] = "fixed"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1  # adaptive only
+    horizon: int = 10000  # adaptive only
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO dynamic sampling: drop prompt groups whose samples all scored the same, regenerate to refill."""
+
+    enable: bool = False
+    max_num_gen_batches: int = 4  # generation rounds per step, the first included; then tied groups fill up
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # False: Dr.GRPO
+    gamma: float = 1.0  # discount (gae, reinforce_plus_plus)
+    lam: float = 1.0  # GAE lambda
+    use_kl_in_reward: bool = False  # KL to the reference as a per-token reward penalty
+    kl_penalty: str = "kl"  # estimator of the in-reward KL: kl/k1, abs, mse/k2, low_var_kl/k3
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+
+
+@dataclass
+class CriticConfig:
+    """The value model (used when algorithm.adv_estimator=gae): the policy's backbone with a value head."""
+
+    model_path: str | None = None  # defaults to model.path
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    ppo_mini_batch_size: int | None = None  # prompts; defaults to actor.ppo_mini_batch_size
+    ppo_micro_batch_size: int = 8  # samples per forward/backward
+    ppo_epochs: int = 1
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    warmup_steps: int = 0  # train only the critic for this many steps before the actor starts updating
 
 
 @dataclass
@@ -97,8 +133,18 @@ class CustomRewardFunctionConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO overlong reward shaping: a linear penalty over the last `len` tokens before max_response_length."""
+
+    enable: bool = False
+    len: int = 0
+    penalty_factor: float = 1.0
+
+
+@dataclass
 class RewardConfig:
     custom_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 @dataclass
@@ -125,5 +171,46 @@ class LucidConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+@dataclass
+class SFTDataConfig:
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+    prompt_key: str = "prompt"
+    response_key: str = "response"
+    max_length: int = 1024  # prompt + response tokens; a longer row is an error naming file and row
+    batch_size: int = 32  # rows per optimizer step
+    shuffle: bool = True
+    seed: int = 0
+
+
+@dataclass
+class SFTTrainerConfig:
+    project_name: str = "lucidrl"
+    experiment_name: str = "sft"
+    run_dir: str | None = None  # defaults to runs/<experiment_name>
+    overwrite: bool = False
+    total_epochs: int = 1
+    total_training_steps: int | None = None  # None: total_epochs over the training set
+    max_time_s: float | None = None  # stop after this many seconds of training (checked between steps)
+    test_freq: int = 0  # validation loss every N steps (and after the last); 0: only after the last
+    checkpoint_freq: int = 0  # a HuggingFace checkpoint every N steps; 0: only the final model
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    save_final_model: bool = True
+    seed: int = 0
+    device: str = "cpu"
+    num_threads: int | None = None
+
+
+@dataclass
+class SFTConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    micro_batch_size: int = 32  # rows per forward/backward (gradient accumulation up to data.batch_size)
+    bf16_autocast: bool = False  # bfloat16 compute with float32 weights (fast on CPUs with AVX-512 BF16)
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import torch
 
+from lucidrl.algos import explained_variance
 from lucidrl.batch import Batch
 
 
@@ -37,8 +38,8 @@ def nanmean(values: list[float]) -> float:
     return sum(kept) / len(kept) if kept else float("nan")
 
 
-def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
-    """Scores, rewards, advantages and lengths of one training batch."""
+def step_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
+    """Scores, rewards, advantages, values, lengths and reward-function extras of one training batch."""
     mask = batch["response_mask"].bool()
     resp_len = mask.sum(-1)
     prompt_len = batch["prompt_mask"].sum(-1)
@@ -58,6 +59,19 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
         groups[uid].append(s)
     mixed = [len(set(v)) > 1 for v in groups.values()]
     out["critic/groups_with_mixed_scores"] = sum(mixed) / len(mixed)
+    if "values" in batch:
+        out.update(_stats("critic/values", batch["values"][mask]))
+        out.update(_stats("critic/returns", batch["returns"][mask]))
+        out["critic/vf_explained_var"] = explained_variance(
+            batch["values"], batch["returns"], batch["response_mask"]
+        )
+    for key in batch.keys():
+        if key.startswith("reward_extra:"):
+            out[f"reward/{key.split(':', 1)[1]}/mean"] = nanmean(batch[key].tolist())
+    if "rollout_log_probs" in batch and "old_log_probs" in batch:
+        # sampling vs training log-probs of the same weights: ~1e-6 in float32; growth means a mismatch
+        diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
+        out["rollout/logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
     return out
 
 

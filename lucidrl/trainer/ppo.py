@@ -8,13 +8,15 @@ from pathlib import Path
 
 import torch
 
-from lucidrl.algos import get_advantage_estimator
+from lucidrl.algos import apply_kl_penalty, get_advantage_estimator, make_kl_controller
 from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
+from lucidrl.models.saving import save_hf_folder
 from lucidrl.trainer import setup
-from lucidrl.trainer.metrics import data_metrics, nanmean, timer, timing_metrics
+from lucidrl.trainer.collect import BatchCollector
+from lucidrl.trainer.metrics import step_metrics, timer, timing_metrics
 from lucidrl.trainer.tracking import Tracker
 from lucidrl.trainer.validation import validate
 
@@ -24,15 +26,40 @@ log = logging.getLogger(__name__)
 def compute_advantage(batch: Batch, cfg: LucidConfig) -> Batch:
     """Call the configured estimator with the inputs its signature asks for."""
     estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
+    alg = cfg.algorithm
     available = {
         "token_level_rewards": batch["token_level_rewards"],
         "response_mask": batch["response_mask"],
         "index": batch["uid"],
-        "norm_adv_by_std_in_grpo": cfg.algorithm.norm_adv_by_std_in_grpo,
+        "norm_adv_by_std_in_grpo": alg.norm_adv_by_std_in_grpo,
+        "gamma": alg.gamma,
+        "lam": alg.lam,
     }
+    for key in ("values", "reward_baselines"):
+        if key in batch:
+            available[key] = batch[key]
     wanted = inspect.signature(estimator).parameters
+    missing = [k for k, p in wanted.items() if p.default is p.empty and k not in available]
+    if missing:
+        raise ValueError(
+            f"advantage estimator '{alg.adv_estimator}' needs {missing}, which this run does not compute"
+        )
     advantages, returns = estimator(**{k: v for k, v in available.items() if k in wanted})
     return Batch(tensors={"advantages": advantages, "returns": returns})
+
+
+def apply_reward_kl(batch: Batch, controller, kind: str) -> tuple[Batch, dict[str, float]]:
+    """token_level_rewards = scores − β·KL(actor ‖ reference) per token; the controller adapts β."""
+    rewards, metrics = apply_kl_penalty(
+        batch["token_level_scores"],
+        batch["old_log_probs"],
+        batch["ref_log_probs"],
+        batch["response_mask"],
+        controller.value,
+        kind,
+    )
+    controller.update(metrics["actor/reward_kl_penalty"], n_steps=len(batch))
+    return Batch(tensors={"token_level_rewards": rewards}), metrics
 
 
 class PPOTrainer:
@@ -58,6 +85,13 @@ class PPOTrainer:
             cfg.trainer.total_training_steps or self.loader.steps_per_epoch * cfg.trainer.total_epochs
         )
         self.tracker = Tracker(cfg.trainer.logger, self.run_dir)
+        self.collector = BatchCollector(cfg, self.workers.rollout, self.workers.reward, self._batches())
+        kc = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = (
+            make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
+            if cfg.algorithm.use_kl_in_reward
+            else None
+        )
         self.global_step = 0
         self.last_val: dict[str, float] = {}
         self.first_val: dict[str, float] = {}
@@ -71,7 +105,9 @@ class PPOTrainer:
             f"{r.longest_prompt} tokens), {len(self.val_samples)} validation prompts",
             f"{self.total_steps} steps of {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples, "
             f"adv_estimator={cfg.algorithm.adv_estimator}, policy_loss={cfg.actor.policy_loss}, "
-            f"KL loss {'on (' + cfg.actor.kl_loss_type + ')' if cfg.actor.use_kl_loss else 'off'}",
+            f"KL loss {'on (' + cfg.actor.kl_loss_type + ')' if cfg.actor.use_kl_loss else 'off'}, "
+            f"KL in reward {'on (' + cfg.algorithm.kl_penalty + ')' if cfg.algorithm.use_kl_in_reward else 'off'}, "
+            f"critic {'on' if self.workers.critic is not None else 'off'}",
         ]
         if self.loader.dropped_per_epoch:
             lines.append(
@@ -87,35 +123,38 @@ class PPOTrainer:
             yield from self.loader.epoch(epoch)
             epoch += 1
 
-    def step(self, batch: Batch) -> dict[str, float]:
-        """One RL step; returns its metrics."""
+    def step(self) -> dict[str, float]:
+        """One RL step, in DESIGN.md's order; returns its metrics."""
         cfg, w, t = self.cfg, self.workers, {}
         with timer("step", t):
-            with timer("gen", t):
-                batch = w.rollout.generate(batch, setup.train_sampling(cfg))
-            debug_hop("rollout.generate -> trainer", batch)
-            with timer("reward", t):
-                scores, reward_extras = w.reward.score(batch)
-                batch.update(scores)
-                batch.set("token_level_rewards", batch["token_level_scores"])
+            batch, metrics = self.collector.collect(t)  # rollout.generate + rewards.score (+ DAPO filter)
+            debug_hop("rollout + reward -> trainer", batch)
             with timer("old_log_prob", t):
                 batch.update(w.actor.compute_log_prob(batch))
             if w.reference is not None:
                 with timer("ref", t):
                     batch.update(w.reference.compute_log_prob(batch))
+            if w.critic is not None:
+                with timer("values", t):
+                    batch.update(w.critic.compute_values(batch))
             with timer("adv", t):
+                if self.kl_ctrl is not None:
+                    rewards, kl_metrics = apply_reward_kl(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
+                    batch.update(rewards)
+                    metrics.update(kl_metrics)
+                else:
+                    batch.set("token_level_rewards", batch["token_level_scores"])
                 batch.update(compute_advantage(batch, cfg))
-            debug_hop("trainer -> actor.update", batch)
-            with timer("update_actor", t):
-                metrics = w.actor.update(batch)
-            w.rollout.sync_weights(w.actor.model)
-        metrics.update(data_metrics(batch, cfg.data.max_response_length))
-        metrics.update({f"reward/{k}/mean": nanmean(v) for k, v in reward_extras.items()})
+            debug_hop("trainer -> critic/actor update", batch)
+            if w.critic is not None:
+                with timer("update_critic", t):
+                    metrics.update(w.critic.update(batch))
+            if self.global_step > cfg.critic.warmup_steps:
+                with timer("update_actor", t):
+                    metrics.update(w.actor.update(batch))
+                w.rollout.sync_weights(w.actor.model)
+        metrics.update(step_metrics(batch, cfg.data.max_response_length))
         metrics.update(timing_metrics(t, batch))
-        if "rollout_log_probs" in batch:
-            mask = batch["response_mask"].bool()
-            diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
-            metrics["rollout/logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
         return metrics
 
     def validate(self) -> dict[str, float]:
@@ -139,10 +178,9 @@ class PPOTrainer:
         cfg = self.cfg.trainer
         if self.cfg.trainer.val_before_train:
             self.tracker.log(self.validate(), step=0)
-        batches = self._batches()
         for _ in range(self.total_steps):
             self.global_step += 1
-            metrics = self.step(next(batches))
+            metrics = self.step()
             last = self.global_step == self.total_steps
             if (cfg.test_freq and self.global_step % cfg.test_freq == 0) or last:
                 metrics.update(self.validate())
@@ -154,5 +192,4 @@ class PPOTrainer:
 
     def save_model(self, path: Path) -> None:
         """A HuggingFace model folder (safetensors + tokenizer) loadable by from_pretrained."""
-        self.workers.actor.model.save_pretrained(path)
-        self.workers.tokenizer.save_pretrained(path)
+        save_hf_folder(self.workers.actor.model, self.workers.tokenizer, path)

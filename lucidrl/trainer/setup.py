@@ -17,6 +17,7 @@ from lucidrl.data.dataset import FilterReport, PromptSample, load_prompts
 from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.workers.actor import ActorWorker, ReferenceWorker
+from lucidrl.workers.critic import CriticWorker, load_value_model
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class Workers:
     actor: ActorWorker
     rollout: HFRollout
     reference: ReferenceWorker | None
+    critic: CriticWorker | None
     reward: RuleRewardManager
 
 
@@ -90,7 +92,7 @@ def build_workers(cfg: LucidConfig) -> Workers:
     check_tokenizer_matches_model(model, tokenizer, m.path)
     model.to(cfg.trainer.device)
     reference = None
-    if cfg.actor.use_kl_loss:
+    if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         reference = ReferenceWorker(
             copy.deepcopy(model),
             micro_batch_size=cfg.actor.log_prob_micro_batch_size,
@@ -100,9 +102,19 @@ def build_workers(cfg: LucidConfig) -> Workers:
         model, cfg.actor, temperature=cfg.rollout.temperature, samples_per_prompt=cfg.rollout.n
     )
     rollout = HFRollout(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
+    critic = None
+    if cfg.algorithm.adv_estimator == "gae":
+        c = cfg.critic
+        value_model = load_value_model(c.model_path or m.path, dtype=DTYPES[m.dtype]).to(cfg.trainer.device)
+        critic = CriticWorker(
+            value_model,
+            c,
+            mini_batch_prompts=c.ppo_mini_batch_size or cfg.actor.ppo_mini_batch_size,
+            samples_per_prompt=cfg.rollout.n,
+        )
     fn = cfg.reward.custom_function
     reward = RuleRewardManager.from_config(tokenizer, fn.path, fn.name)
-    return Workers(tokenizer, actor, rollout, reference, reward)
+    return Workers(tokenizer, actor, rollout, reference, critic, reward)
 
 
 def train_sampling(cfg: LucidConfig) -> SamplingParams:

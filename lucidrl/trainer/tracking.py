@@ -15,6 +15,7 @@ CONSOLE_KEYS = [
     ("actor/kl_loss", "kl"),
     ("actor/entropy", "entropy"),
     ("actor/grad_norm", "grad"),
+    ("critic/vf_loss", "vf_loss"),
     ("response_length/mean", "resp_len"),
     ("critic/groups_with_mixed_scores", "mixed"),
     ("timing_s/step", "s/step"),
@@ -30,8 +31,15 @@ def _fmt(v: float) -> str:
 class Tracker:
     """Writes every metric dict to the chosen backends (`trainer.logger`)."""
 
-    def __init__(self, backends: list[str], run_dir: Path, console: Console | None = None):
+    def __init__(
+        self,
+        backends: list[str],
+        run_dir: Path,
+        console: Console | None = None,
+        console_keys: list[tuple[str, str]] | None = None,
+    ):
         self.backends = backends
+        self.console_keys = console_keys or CONSOLE_KEYS
         self.console = console or Console(highlight=False)
         self.jsonl = open(run_dir / "metrics.jsonl", "a") if "jsonl" in backends else None  # noqa: SIM115
 
@@ -45,7 +53,7 @@ class Tracker:
             self.jsonl.flush()
         if "console" in self.backends:
             val = {k: v for k, v in metrics.items() if k.startswith("val/")}
-            train = [f"{short}={_fmt(metrics[k])}" for k, short in CONSOLE_KEYS if k in metrics]
+            train = [f"{short}={_fmt(metrics[k])}" for k, short in self.console_keys if k in metrics]
             if train:
                 self.console.print(f"[bold]step {step}[/bold]  " + "  ".join(train))
             if val:

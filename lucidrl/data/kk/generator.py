@@ -152,6 +152,14 @@ def format_solution(names: Sequence[str], knights: Sequence[bool]) -> str:
     )
 
 
+def answer_response(puzzle: Puzzle) -> str:
+    """The supervised response for a row: the rest of the assistant turn after the pre-filled "<think>".
+
+    A direct answer with an empty reasoning block; with the prefix it passes Logic-RL's format rule.
+    """
+    return f" </think> <answer> {format_solution(puzzle.names, puzzle.knights)} </answer>"
+
+
 def make_row(puzzle: Puzzle, text: str, split: str, index: int) -> dict:
     """One dataset row in verl's schema, with the assistant turn pre-filled with "<think>" (Logic-RL)."""
     return {
@@ -162,6 +170,7 @@ def make_row(puzzle: Puzzle, text: str, split: str, index: int) -> dict:
             {"role": "assistant", "content": ASSISTANT_PREFIX},
         ],
         "ability": "logic",
+        "response": answer_response(puzzle),
         "reward_model": {
             "style": "rule",
             "ground_truth": {

@@ -17,6 +17,7 @@ KK_SCHEMA = pa.schema(
         ("data_source", pa.string()),
         ("prompt", pa.list_(_MESSAGE)),
         ("ability", pa.string()),
+        ("response", pa.string()),  # the supervised answer, for `lucidrl sft`
         (
             "reward_model",
             pa.struct(

@@ -1,0 +1,95 @@
+"""Parquet (prompt, response) rows → token ids with labels on the response tokens only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+
+from lucidrl.data.dataset import DatasetError, _check_messages, _render
+
+IGNORE = -100  # label of a token that carries no loss (prompt, padding)
+
+
+@dataclass
+class SFTSample:
+    input_ids: list[int]
+    n_prompt: int  # the first n_prompt tokens carry no loss
+
+
+def load_sft_rows(
+    files: list[str], tokenizer, *, max_length: int, prompt_key: str, response_key: str, what: str
+) -> list[SFTSample]:
+    """Tokenize prompt (chat template) and response (+ eos) of every row; too long is an error."""
+    if not files:
+        raise DatasetError(
+            f"{what} is empty; give at least one parquet file with prompt and response columns"
+        )
+    if tokenizer.eos_token_id is None:
+        raise DatasetError(
+            "the tokenizer has no eos token; SFT responses must end with one so the model learns to stop"
+        )
+    samples = []
+    for file in files:
+        if not Path(file).is_file():
+            raise DatasetError(f"{what}: file '{file}' does not exist")
+        table = pq.read_table(file)
+        for col in (prompt_key, response_key):
+            if col not in table.column_names:
+                raise DatasetError(
+                    f"{what}: '{file}' has no column '{col}' (it has: {', '.join(table.column_names)}); "
+                    f"set data.prompt_key / data.response_key, or write the data with `lucidrl data kk`"
+                )
+        prompts = table.column(prompt_key).to_pylist()
+        responses = table.column(response_key).to_pylist()
+        for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+            where = f"{file} row {i}"
+            if not isinstance(response, str) or not response:
+                raise DatasetError(
+                    f"{where}: column '{response_key}' must be a non-empty string, got {response!r}"
+                )
+            text, _ = _render(tokenizer, _check_messages(prompt, where, prompt_key))
+            p_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            r_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            if len(p_ids) + len(r_ids) > max_length:
+                raise DatasetError(
+                    f"{where}: prompt + response is {len(p_ids) + len(r_ids)} tokens, longer than "
+                    f"data.max_length={max_length}; raise data.max_length"
+                )
+            samples.append(SFTSample(p_ids + r_ids, len(p_ids)))
+    return samples
+
+
+def collate_sft(samples: list[SFTSample], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids, attention_mask and labels (IGNORE on prompt and padding)."""
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(samples), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(samples), width), dtype=torch.long)
+    for i, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[i, :n] = torch.tensor(s.input_ids)
+        labels[i, s.n_prompt : n] = ids[i, s.n_prompt : n]
+        mask[i, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def sft_batches(
+    samples: list[SFTSample], batch_size: int, *, shuffle: bool, seed: int
+) -> Iterator[list[SFTSample]]:
+    """Endless batches: reshuffled each epoch, an incomplete last batch dropped."""
+    if batch_size > len(samples):
+        raise DatasetError(f"data.batch_size={batch_size} is larger than the {len(samples)} training rows")
+    epoch = 0
+    while True:
+        order = list(range(len(samples)))
+        if shuffle:
+            order = torch.randperm(
+                len(samples), generator=torch.Generator().manual_seed(seed + epoch)
+            ).tolist()
+        for b in range(len(samples) // batch_size):
+            yield [samples[i] for i in order[b * batch_size : (b + 1) * batch_size]]
+        epoch += 1

@@ -1,0 +1,131 @@
+"""Generate and score a training batch: reward, DAPO overlong shaping, ReMax baselines, dynamic sampling."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import torch
+
+from lucidrl.algos import dynamic_sampling_keep_mask, overlong_reward_penalty
+from lucidrl.batch import Batch
+from lucidrl.config import LucidConfig
+from lucidrl.rewards.manager import RuleRewardManager
+from lucidrl.trainer import setup
+from lucidrl.trainer.metrics import timer
+from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+
+log = logging.getLogger(__name__)
+
+EXTRA_PREFIX = "reward_extra:"  # per-sample metrics a reward function returned, kept as (bs,) tensors
+
+
+def score(batch: Batch, reward: RuleRewardManager, cfg: LucidConfig) -> Batch:
+    """Add token_level_scores (with the overlong penalty folded in, if on) and reward_extra:<key> tensors."""
+    scores, extras = reward.score(batch)
+    batch.update(scores)
+    for key, values in extras.items():
+        batch.set(EXTRA_PREFIX + key, torch.tensor(values, dtype=torch.float32))
+    ob = cfg.reward.overlong_buffer
+    if ob.enable:
+        lengths = batch["response_mask"].sum(-1)
+        penalty = overlong_reward_penalty(lengths, cfg.data.max_response_length, ob.len, ob.penalty_factor)
+        last = (lengths - 1).clamp(min=0)
+        scores = batch["token_level_scores"].clone()
+        scores[torch.arange(len(batch)), last] += penalty
+        batch.set("token_level_scores", scores)
+        batch.set(EXTRA_PREFIX + "overlong_penalty", penalty.float())
+    return batch
+
+
+def remax_baselines(
+    batch: Batch, rollout: HFRollout, reward: RuleRewardManager, cfg: LucidConfig
+) -> torch.Tensor:
+    """ReMax's baseline: the score of one greedy response per prompt. (prompts,)."""
+    greedy = rollout.generate(
+        batch, SamplingParams(n=1, do_sample=False, max_new_tokens=cfg.data.max_response_length)
+    )
+    return score(greedy, reward, cfg)["token_level_scores"].sum(-1)
+
+
+LEFT_PADDED = ("prompts", "prompt_mask")
+
+
+def align_widths(batches: list[Batch], pad_token_id: int) -> list[Batch]:
+    """Pad rollouts of different rounds to one prompt width (left) and one response width (right)."""
+    widths = {
+        k: max(b.tensors[k].shape[1] for b in batches) for k, v in batches[0].tensors.items() if v.dim() == 2
+    }
+    out = []
+    for b in batches:
+        tensors = {}
+        for k, v in b.tensors.items():
+            missing = widths.get(k, 0) - (v.shape[1] if v.dim() == 2 else 0)
+            if v.dim() != 2 or missing <= 0:
+                tensors[k] = v
+                continue
+            value = pad_token_id if k in ("prompts", "responses") else 0
+            pad = torch.full((v.shape[0], missing), value, dtype=v.dtype)
+            tensors[k] = torch.cat([pad, v] if k in LEFT_PADDED else [v, pad], dim=1)
+        out.append(Batch(tensors, dict(b.non_tensors), dict(b.meta)))
+    return out
+
+
+class BatchCollector:
+    """Turns prompt batches into scored rollouts of exactly data.train_batch_size groups."""
+
+    def __init__(
+        self, cfg: LucidConfig, rollout: HFRollout, reward: RuleRewardManager, prompts: Iterator[Batch]
+    ):
+        self.cfg = cfg
+        self.rollout = rollout
+        self.reward = reward
+        self.prompts = prompts
+
+    def _one_round(self, prompts: Batch, timings: dict[str, float]) -> Batch:
+        cfg = self.cfg
+        with timer("gen", timings):
+            batch = self.rollout.generate(prompts, setup.train_sampling(cfg))
+            if cfg.algorithm.adv_estimator == "remax":
+                baselines = remax_baselines(prompts, self.rollout, self.reward, cfg)
+                batch.set("reward_baselines", baselines.repeat_interleave(cfg.rollout.n))
+        with timer("reward", timings):
+            return score(batch, self.reward, cfg)
+
+    def collect(self, timings: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        cfg = self.cfg
+        batch = self._one_round(next(self.prompts), timings)
+        if not cfg.algorithm.filter_groups.enable:
+            return batch, {}
+        n, wanted = cfg.rollout.n, cfg.data.train_batch_size
+        kept: list[Batch] = []
+        tied: list[Batch] = []
+        dropped = rounds = n_kept = 0
+        while True:
+            rounds += 1
+            keep, m = dynamic_sampling_keep_mask(batch["token_level_scores"].sum(-1), batch["uid"])
+            dropped += m["dapo/groups_dropped_all_same"]
+            n_kept += m["dapo/groups_kept"]
+            kept.append(batch.select(keep.nonzero().flatten()))
+            tied.append(batch.select((~keep).nonzero().flatten()))
+            if n_kept >= wanted or rounds >= cfg.algorithm.filter_groups.max_num_gen_batches:
+                break
+            batch = self._one_round(next(self.prompts), timings)
+        filled = max(0, wanted - n_kept)
+        if filled:
+            log.warning(
+                "dynamic sampling: %d of %d groups had mixed scores after %d rounds "
+                "(algorithm.filter_groups.max_num_gen_batches); filling with %d tied groups (zero advantage)",
+                n_kept,
+                wanted,
+                rounds,
+                filled,
+            )
+        pool = Batch.concat(align_widths([b for b in kept + tied if len(b)], self.rollout.pad_id))
+        out = pool.slice(0, wanted * n)  # kept groups come first; each group is n consecutive samples
+        metrics = {
+            "dapo/gen_rounds": float(rounds),
+            "dapo/groups_dropped_all_same": float(dropped),
+            "dapo/filled_with_tied_groups": float(filled),
+        }
+        return out, metrics

@@ -1,0 +1,167 @@
+"""Supervised fine-tuning: cross-entropy on response tokens, checkpoints, validation loss."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lucidrl.config import SFTConfig
+from lucidrl.data.sft_dataset import IGNORE, collate_sft, load_sft_rows, sft_batches
+from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
+from lucidrl.models.saving import save_hf_folder
+from lucidrl.trainer.setup import DTYPES, prepare_run_dir, seed_everything
+from lucidrl.trainer.tracking import Tracker
+from lucidrl.workers.actor import NonFiniteLossError
+
+SFT_CONSOLE_KEYS = [
+    ("sft/loss", "loss"),
+    ("sft/grad_norm", "grad"),
+    ("sft/lr", "lr"),
+    ("perf/tokens_per_s", "tok/s"),
+    ("timing_s/step", "s/step"),
+]
+
+
+def response_loss_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int, int]:
+    """Summed cross-entropy over labelled tokens, their count, and how many the argmax got right."""
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+    ).logits
+    logits, labels = logits[:, :-1].float(), batch["labels"][:, 1:]
+    loss = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
+    )
+    keep = labels != IGNORE
+    correct = int((logits.argmax(-1)[keep] == labels[keep]).sum())
+    return loss, int(keep.sum()), correct
+
+
+class SFTTrainer:
+    """Trains a causal LM on (prompt, response) rows; the step is forward, backward, clip, step."""
+
+    def __init__(self, cfg: SFTConfig):
+        self.cfg = cfg
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        seed_everything(cfg.trainer.seed)
+        self.run_dir = prepare_run_dir(cfg)
+        m, d = cfg.model, cfg.data
+        self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
+        self.model = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
+        check_tokenizer_matches_model(self.model, self.tokenizer, m.path)
+        self.model.to(cfg.trainer.device)
+        kw = dict(
+            tokenizer=self.tokenizer,
+            max_length=d.max_length,
+            prompt_key=d.prompt_key,
+            response_key=d.response_key,
+        )
+        self.train_rows = load_sft_rows(d.train_files, what="data.train_files", **kw)
+        self.val_rows = load_sft_rows(d.val_files, what="data.val_files", **kw) if d.val_files else []
+        steps_per_epoch = len(self.train_rows) // d.batch_size
+        self.total_steps = cfg.trainer.total_training_steps or steps_per_epoch * cfg.trainer.total_epochs
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0
+        )
+        self.tracker = Tracker(cfg.trainer.logger, self.run_dir, console_keys=SFT_CONSOLE_KEYS)
+        self.global_step = 0
+        self.last_val: dict[str, float] = {}
+
+    def _autocast(self):
+        if self.cfg.bf16_autocast:
+            return torch.autocast(
+                device_type=torch.device(self.cfg.trainer.device).type, dtype=torch.bfloat16
+            )
+        return contextlib.nullcontext()
+
+    def step(self, rows) -> dict[str, float]:
+        cfg = self.cfg
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        n_tokens = sum(len(r.input_ids) - r.n_prompt for r in rows)
+        total = 0.0
+        for start in range(0, len(rows), cfg.micro_batch_size):
+            batch = collate_sft(rows[start : start + cfg.micro_batch_size], self.tokenizer.pad_token_id)
+            batch = {k: v.to(cfg.trainer.device) for k, v in batch.items()}
+            with self._autocast():
+                loss, _, _ = response_loss_sum(self.model, batch)
+            (loss / n_tokens).backward()
+            total += loss.item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip).item()
+        if not math.isfinite(grad_norm):
+            raise NonFiniteLossError(
+                f"SFT step {self.global_step}: gradient norm is {grad_norm}; lower optim.lr or turn off bf16_autocast"
+            )
+        self.optimizer.step()
+        self.scheduler.step()
+        return {
+            "sft/loss": total / n_tokens,
+            "sft/grad_norm": grad_norm,
+            "sft/lr": self.scheduler.get_last_lr()[0],
+            "perf/tokens": float(n_tokens),
+        }
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        if not self.val_rows:
+            return {}
+        self.model.eval()
+        loss = tokens = correct = 0
+        for start in range(0, len(self.val_rows), self.cfg.micro_batch_size):
+            batch = collate_sft(
+                self.val_rows[start : start + self.cfg.micro_batch_size], self.tokenizer.pad_token_id
+            )
+            with self._autocast():
+                s, n, c = response_loss_sum(
+                    self.model, {k: v.to(self.cfg.trainer.device) for k, v in batch.items()}
+                )
+            loss, tokens, correct = loss + s.item(), tokens + n, correct + c
+        self.last_val = {"val/loss": loss / tokens, "val/token_acc": correct / tokens}
+        return self.last_val
+
+    def fit(self) -> Path:
+        t = self.cfg.trainer
+        batches = sft_batches(
+            self.train_rows, self.cfg.data.batch_size, shuffle=self.cfg.data.shuffle, seed=self.cfg.data.seed
+        )
+        start = time.perf_counter()
+        for _ in range(self.total_steps):
+            self.global_step += 1
+            t0 = time.perf_counter()
+            metrics = self.step(next(batches))
+            metrics["timing_s/step"] = time.perf_counter() - t0
+            metrics["perf/tokens_per_s"] = metrics["perf/tokens"] / metrics["timing_s/step"]
+            out_of_time = t.max_time_s is not None and time.perf_counter() - start >= t.max_time_s
+            last = self.global_step == self.total_steps or out_of_time
+            if (t.test_freq and self.global_step % t.test_freq == 0) or last:
+                metrics.update(self.validate())
+            if t.checkpoint_freq and self.global_step % t.checkpoint_freq == 0:
+                self.save_checkpoint()
+            self.tracker.log(metrics, step=self.global_step)
+            if out_of_time:
+                self.tracker.console.print(
+                    f"[dim]lucidrl:[/dim] stopped at step {self.global_step}: "
+                    f"trainer.max_time_s={t.max_time_s} reached"
+                )
+                break
+        if t.save_final_model:
+            self.save(self.run_dir / "final")
+        self.tracker.close()
+        return self.run_dir
+
+    def save(self, path: Path) -> None:
+        save_hf_folder(self.model, self.tokenizer, path)
+
+    def save_checkpoint(self) -> None:
+        ckpt_dir = self.run_dir / "checkpoints"
+        self.save(ckpt_dir / f"step_{self.global_step}")
+        (ckpt_dir / "latest").write_text(f"step_{self.global_step}\n")

@@ -1,0 +1,121 @@
+"""The critic: a value head on the policy's backbone (AutoModelForTokenClassification, one label, as verl)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import defaultdict
+
+import torch
+from transformers import AutoConfig, AutoModelForTokenClassification
+from transformers.utils import logging as hf_logging
+
+from lucidrl.algos import compute_value_loss
+from lucidrl.batch import Batch
+from lucidrl.config.schema import CriticConfig
+from lucidrl.models.loading import ModelLoadError
+from lucidrl.workers.actor import NonFiniteLossError
+from lucidrl.workers.forward import sequence_inputs
+
+
+def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A causal-LM folder loaded as a token classifier with one output: backbone kept, value head new (zeros).
+
+    Dropout on the head is off (transformers defaults it to 0.1), so values computed for the batch and
+    predicted during the update come from the same function.
+    """
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report lists the new head as "MISSING": expected here
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "newly initialized: score.weight" is the point here
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+            config.num_labels, config.classifier_dropout = 1, 0.0
+            model = AutoModelForTokenClassification.from_pretrained(
+                path, config=config, dtype=dtype, local_files_only=True
+            )
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(
+            f"critic.model_path={path!r} cannot be loaded as a value model (AutoModelForTokenClassification, "
+            f"num_labels=1): {type(e).__name__}: {e}"
+        ) from e
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    head = model.score if hasattr(model, "score") else model.get_output_embeddings()
+    if head is not None:
+        torch.nn.init.zeros_(head.weight)  # start predicting 0: a value estimate with no opinion yet
+        if getattr(head, "bias", None) is not None:
+            torch.nn.init.zeros_(head.bias)
+    return model
+
+
+def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """V(s_t) for each response token t: the value at the position that predicts it. (bs, R)."""
+    input_ids, attention_mask, position_ids = sequence_inputs(batch)
+    resp_len = batch["responses"].shape[1]
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    return out.logits[:, -resp_len - 1 : -1, 0].float()
+
+
+class CriticWorker:
+    """Computes values and regresses them on the returns with PPO's clipped value loss."""
+
+    def __init__(
+        self, model: torch.nn.Module, cfg: CriticConfig, *, mini_batch_prompts: int, samples_per_prompt: int
+    ):
+        self.model = model
+        self.cfg = cfg
+        self.mini_batch = mini_batch_prompts * samples_per_prompt
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0
+        )
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> Batch:
+        self.model.eval()
+        values = torch.cat(
+            [response_values(self.model, mb) for mb in batch.split(self.cfg.ppo_micro_batch_size)]
+        )
+        return Batch(tensors={"values": values * batch["response_mask"]})
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        cfg = self.cfg
+        self.model.train()
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for _ in range(cfg.ppo_epochs):
+            for mb in batch.split(self.mini_batch):
+                self.optimizer.zero_grad(set_to_none=True)
+                for ub in mb.split(cfg.ppo_micro_batch_size):
+                    vpreds = response_values(self.model, ub)
+                    loss, m = compute_value_loss(
+                        vpreds,
+                        ub["returns"],
+                        ub["values"],
+                        ub["response_mask"],
+                        cfg.cliprange_value,
+                        cfg.loss_agg_mode,
+                    )
+                    (loss * len(ub) / len(mb)).backward()
+                    metrics["critic/vf_loss"].append(loss.item())
+                    metrics["critic/vf_clipfrac"].append(float(m["vf_clipfrac"]))
+                    mask = ub["response_mask"].bool()
+                    metrics["critic/vpred_mean"].append(
+                        vpreds.detach()[mask].mean().item() if mask.any() else 0.0
+                    )
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), cfg.optim.grad_clip
+                ).item()
+                if not math.isfinite(grad_norm):
+                    raise NonFiniteLossError(
+                        f"critic gradient norm is {grad_norm}; lower critic.optim.lr or check the rewards for NaN"
+                    )
+                self.optimizer.step()
+                self.scheduler.step()
+                metrics["critic/grad_norm"].append(grad_norm)
+        out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        out["critic/lr"] = self.scheduler.get_last_lr()[0]
+        return out

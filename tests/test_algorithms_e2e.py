@@ -1,0 +1,108 @@
+"""Every estimator, loss, KL mode and DAPO refinement, selected purely from config, for 2 real steps."""
+
+import json
+import math
+
+import pytest
+
+from lucidrl.cli import main
+
+REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    text = solution_str[len("<think>"):]
+    return {"score": text.count("e") / max(len(text), 1), "acc": float("e" in text)}
+"""
+
+BASE = [
+    "data.max_prompt_length=1024",
+    "data.max_response_length=12",
+    "data.train_batch_size=4",
+    "rollout.n=4",
+    "actor.optim.lr=1e-3",
+    "actor.ppo_mini_batch_size=2",
+    "actor.ppo_micro_batch_size=8",
+    "trainer.total_training_steps=2",
+    "trainer.val_before_train=false",
+    "trainer.save_final_model=false",
+    "data.val_files=[]",
+]
+
+CASES = {
+    "grpo": [],
+    "dr_grpo": ["algorithm.norm_adv_by_std_in_grpo=false", "actor.loss_agg_mode=seq-mean-token-sum-norm"],
+    "rloo": ["algorithm.adv_estimator=rloo", "actor.loss_agg_mode=seq-mean-token-mean"],
+    "reinforce_plus_plus": [
+        "algorithm.adv_estimator=reinforce_plus_plus",
+        "algorithm.gamma=0.99",
+        "actor.use_kl_loss=true",
+        "actor.kl_loss_type=low_var_kl",
+        "actor.kl_loss_coef=0.001",
+    ],
+    "reinforce_plus_plus_baseline": ["algorithm.adv_estimator=reinforce_plus_plus_baseline"],
+    "remax": ["algorithm.adv_estimator=remax"],
+    "opo": ["algorithm.adv_estimator=opo"],
+    "grpo_passk": ["algorithm.adv_estimator=grpo_passk"],
+    "gae_critic": [
+        "algorithm.adv_estimator=gae",
+        "algorithm.lam=0.95",
+        "critic.optim.lr=1e-3",
+        "critic.ppo_micro_batch_size=8",
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_penalty=kl",
+    ],
+    "gspo": [
+        "actor.policy_loss=gspo",
+        "actor.clip_ratio_low=0.0003",
+        "actor.clip_ratio_high=0.0004",
+        "actor.loss_agg_mode=seq-mean-token-mean",
+    ],
+    "cispo": ["actor.policy_loss=cispo", "actor.clip_ratio_high=4.0"],
+    "reinforce_loss": ["actor.policy_loss=reinforce", "actor.ppo_mini_batch_size=4"],
+    "kl_reward_adaptive": [
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.kl_ctrl.kl_coef=0.05",
+        "algorithm.kl_penalty=low_var_kl",
+    ],
+    "dapo": [
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_num_gen_batches=3",
+        "reward.overlong_buffer.enable=true",
+        "reward.overlong_buffer.len=4",
+        "actor.clip_ratio_high=0.28",
+        "actor.entropy_coeff=0.001",
+    ],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model):
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD)
+    args = [
+        "train",
+        f"model.path={tiny_model['path']}",
+        f"data.train_files=[{kk_data['train']}]",
+        f"reward.custom_function.path={reward}",
+        f"trainer.run_dir={tmp_path / 'run'}",
+        *BASE,
+        *CASES[name],
+    ]
+    assert main(args) == 0
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert math.isfinite(r["actor/pg_loss"]) and r["actor/grad_norm"] > 0, r
+        assert r["critic/advantages/max"] > r["critic/advantages/min"]
+    if name == "gae_critic":
+        assert math.isfinite(records[-1]["critic/vf_loss"]) and "critic/vf_explained_var" in records[-1]
+        assert records[-1]["actor/reward_kl_penalty_coeff"] == pytest.approx(0.001)
+    if name == "kl_reward_adaptive":
+        assert records[-1]["actor/reward_kl_penalty_coeff"] != pytest.approx(0.05)  # the controller moved it
+    if name == "dapo":
+        assert records[0]["dapo/gen_rounds"] >= 1 and "reward/overlong_penalty/mean" in records[0]
+        assert (
+            records[0]["critic/groups_with_mixed_scores"] == 1.0
+            or records[0]["dapo/filled_with_tied_groups"] > 0
+        )

@@ -1,0 +1,80 @@
+"""DAPO dynamic sampling through the real collector: tied groups dropped, counted, refilled."""
+
+import torch
+
+from lucidrl.batch import Batch
+from lucidrl.config import config_from_dict
+from lucidrl.data.dataset import PromptLoader, load_prompts
+from lucidrl.models import load_model
+from lucidrl.rewards.manager import RuleRewardManager
+from lucidrl.trainer.collect import BatchCollector, align_widths
+from lucidrl.workers.rollout_hf import HFRollout
+
+
+def half_tied(data_source, solution_str, ground_truth, extra_info):
+    # prompts with an even index tie (every sample scores 0); odd ones vary with the text
+    return 0.0 if extra_info["index"] % 2 == 0 else float(len(solution_str) % 3)
+
+
+def _collector(kk_data, tiny_model, tok, rounds):
+    cfg = config_from_dict(
+        {
+            "model": {"path": tiny_model["path"]},
+            "data": {"train_batch_size": 4, "max_response_length": 8},
+            "rollout": {"n": 4},
+            "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 16},
+            "algorithm": {"filter_groups": {"enable": True, "max_num_gen_batches": rounds}},
+        }
+    )
+    samples, _ = load_prompts([kk_data["train"]], tok, max_prompt_length=2048)
+    loader = PromptLoader(samples, 4, tok.pad_token_id, shuffle=False, seed=0)
+
+    def prompts():
+        epoch = 0
+        while True:
+            yield from loader.epoch(epoch)
+            epoch += 1
+
+    rollout = HFRollout(load_model(tiny_model["path"]), tok)
+    return BatchCollector(cfg, rollout, RuleRewardManager(tok, half_tied), prompts())
+
+
+def test_dynamic_sampling_keeps_only_mixed_groups(kk_data, tiny_model, tiny_tokenizer):
+    torch.manual_seed(0)
+    batch, metrics = _collector(kk_data, tiny_model, tiny_tokenizer, rounds=8).collect({})
+    assert len(batch) == 16
+    assert metrics["dapo/groups_dropped_all_same"] >= 2 * metrics["dapo/gen_rounds"] - 2
+    scores = batch["token_level_scores"].sum(-1).view(4, 4)
+    if metrics["dapo/filled_with_tied_groups"] == 0:
+        assert all(len(set(row.tolist())) > 1 for row in scores)
+    assert all(len(set(batch["uid"][i * 4 : i * 4 + 4])) == 1 for i in range(4))  # groups stay contiguous
+
+
+def test_cap_on_rounds_fills_with_tied_groups_and_counts_them(kk_data, tiny_model, tiny_tokenizer):
+    torch.manual_seed(0)
+    batch, metrics = _collector(kk_data, tiny_model, tiny_tokenizer, rounds=1).collect({})
+    assert len(batch) == 16 and metrics["dapo/gen_rounds"] == 1
+    assert metrics["dapo/filled_with_tied_groups"] >= 2  # the two even-index prompts tie
+
+
+def test_align_widths_pads_prompts_left_and_responses_right():
+    a = Batch(
+        tensors={
+            "prompts": torch.tensor([[5, 6]]),
+            "prompt_mask": torch.tensor([[1, 1]]),
+            "responses": torch.tensor([[7]]),
+            "response_mask": torch.tensor([[1]]),
+        }
+    )
+    b = Batch(
+        tensors={
+            "prompts": torch.tensor([[4, 5, 6]]),
+            "prompt_mask": torch.tensor([[1, 1, 1]]),
+            "responses": torch.tensor([[7, 8, 9]]),
+            "response_mask": torch.tensor([[1, 1, 1]]),
+        }
+    )
+    out = Batch.concat(align_widths([a, b], pad_token_id=0))
+    assert out["prompts"].tolist() == [[0, 5, 6], [4, 5, 6]]
+    assert out["prompt_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert out["responses"].tolist() == [[7, 0, 0], [7, 8, 9]]
