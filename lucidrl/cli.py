@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--out", default="outputs/demo", help="where data, model and run go (default outputs/demo)"
     )
-    demo.add_argument("--steps", type=int, default=12)
+    demo.add_argument("--steps", type=int, default=10, help="GRPO steps")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(fn=_cmd_demo)
 
