@@ -21,13 +21,17 @@ def _cmd_data_kk(args: argparse.Namespace) -> int:
 
     try:
         people = parse_people_range(args.people)
-        info = write_kk_parquet(args.out, people=people, n_train=args.train, n_val=args.val, seed=args.seed)
+        info = write_kk_parquet(
+            args.out, people=people, n_train=args.train, n_val=args.val, seed=args.seed, trace=args.trace
+        )
     except ValueError as e:  # a people range or count the generator cannot serve
         raise UsageError(f"lucidrl data kk: {e}") from e
     per = ", ".join(f"{n} people: {c}" for n, c in sorted(info["per_people"].items()))
     print(f"wrote {info['n_train']} train puzzles to {info['train']}")
     print(f"wrote {info['n_val']} val puzzles to {info['val']}")
     print(f"(both splits: {per}; seed {args.seed})")
+    if args.trace:
+        print("responses reason with truth-table traces before the answer (lucidrl/data/kk/trace.py)")
     return 0
 
 
@@ -80,6 +84,57 @@ def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
     return None, items
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import torch
+
+    from lucidrl.serving.server import run_server
+
+    run_server(args.model, args.host, args.port, max_batch=args.max_batch, dtype=getattr(torch, args.dtype))
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+
+    from lucidrl.evaluation import evaluate, results_table
+
+    result = evaluate(
+        args.model,
+        args.data,
+        k=args.k,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    console = Console(highlight=False)
+    for data_source in result["data_sources"]:
+        console.print(results_table(result, data_source))
+    seconds = result["seconds"]
+    console.print(f"generation: greedy {seconds['greedy']:.1f} s, sampled {seconds['sampled']:.1f} s")
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {out}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from lucidrl.report import write_report
+
+    info = write_report(args.run_dir)
+    for path in info["plots"]:
+        print(f"plot: {path}")
+    for name, reason in info["skipped"].items():
+        print(f"skipped {name}: {reason}")
+    print(f"report: {info['html']}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from lucidrl.trainer.demo import run_demo
 
@@ -116,7 +171,30 @@ def build_parser() -> argparse.ArgumentParser:
     kk.add_argument("--val", type=int, default=100)
     kk.add_argument("--seed", type=int, default=0)
     kk.add_argument("--out", required=True, help="folder for train.parquet and val.parquet")
+    kk.add_argument(
+        "--trace",
+        action="store_true",
+        help="SFT responses reason through a truth table inside <think> before the answer",
+    )
     kk.set_defaults(fn=_cmd_data_kk)
+
+    ev = sub.add_parser(
+        "eval", help="accuracy of a model on prompts: greedy and sampled, per number of people"
+    )
+    ev.add_argument("model", metavar="MODEL", help="a local HuggingFace model folder (e.g. RUN_DIR/final)")
+    ev.add_argument("--data", nargs="+", required=True, metavar="FILE", help="parquet file(s) of prompts")
+    ev.add_argument("--k", type=int, default=4, help="samples per prompt for sampled accuracy (default 4)")
+    ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    ev.add_argument("--max-new-tokens", type=int, default=256, help="response length limit (default 256)")
+    ev.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows")
+    ev.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON to OUT")
+    ev.add_argument("--batch-size", type=int, default=64, help="sequences per generate call (default 64)")
+    ev.add_argument("--seed", type=int, default=0)
+    ev.set_defaults(fn=_cmd_eval)
+
+    report = sub.add_parser("report", help="plots and an HTML page from a run's metrics.jsonl")
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory holding metrics.jsonl")
+    report.set_defaults(fn=_cmd_report)
 
     model = sub.add_parser("model", help="build models").add_subparsers(dest="kind", required=True)
     tiny = model.add_parser("tiny", help="a tiny Qwen2 model with a locally trained tokenizer")
@@ -126,6 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--vocab", type=int, default=1024, help="target BPE vocabulary size")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(fn=_cmd_model_tiny)
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible completions server over a local HF model")
+    serve.add_argument("model", help="a local HuggingFace model folder")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    serve.add_argument(
+        "--host", default=None, help="address to bind (default 127.0.0.1; others are exposed to the network)"
+    )
+    serve.add_argument("--max-batch", type=int, default=64, help="sequences per generate call (default 64)")
+    serve.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    serve.set_defaults(fn=_cmd_serve)
     return p
 
 

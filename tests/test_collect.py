@@ -36,7 +36,9 @@ def _collector(kk_data, tiny_model, tok, rounds):
             epoch += 1
 
     rollout = HFRollout(load_model(tiny_model["path"]), tok)
-    return BatchCollector(cfg, rollout, RuleRewardManager(tok, half_tied), prompts())
+    return BatchCollector(
+        cfg, rollout, RuleRewardManager(tok, half_tied), prompts(), pad_token_id=tok.pad_token_id
+    )
 
 
 def test_dynamic_sampling_keeps_only_mixed_groups(kk_data, tiny_model, tiny_tokenizer):

@@ -76,6 +76,19 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
                 f"config key '{key}' (from {source}) must be one of {', '.join(map(repr, allowed))}, got {value!r}"
             )
         return value
+    if origin is dict:
+        key_type, value_type = get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' (from {source}) must be a mapping, got {value!r}")
+        out = {}
+        for k, v in value.items():
+            if dataclasses.is_dataclass(value_type):
+                item = value_type()
+                _apply(item, v if v is not None else {}, f"{key}.{k}.", source, root=value_type)
+                out[str(k)] = item
+            else:
+                out[str(k)] = _coerce(v, value_type, f"{key}.{k}", source)
+        return out
     if origin is list:
         (item,) = get_args(hint) or (Any,)
         if isinstance(value, (str, int, float)) and item is str:
@@ -336,6 +349,9 @@ def _validate_rl(cfg: LucidConfig) -> None:
     if bad:
         raise ConfigError(f"trainer.logger has unknown backend(s) {bad}; available: console, jsonl")
     _validate_names(cfg)
+    from lucidrl.controller.placement import plan_groups
+
+    plan_groups(cfg)
 
 
 # estimators whose baseline comes from the other samples of the same prompt

@@ -52,6 +52,9 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1  # -1: no top-k filtering
     micro_batch_size: int = 64  # sequences per generate call
+    # generate each prompt's samples alone, from an RNG seeded by (trainer.seed, step, prompt): the same
+    # samples whatever the batching or the number of data-parallel ranks (slower: smaller generate calls)
+    deterministic: bool = False
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
 
 
@@ -160,8 +163,39 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     save_final_model: bool = True
     seed: int = 0
-    device: str = "cpu"
+    device: str = "cpu"  # "cpu" or "cuda"; with backend=ray each rank gets its own device
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
+    backend: Literal["local", "ray"] = "local"  # local: in this process; ray: each rank a Ray actor
+    strategy: Literal["fsdp2", "ddp"] = "fsdp2"  # data-parallel training with more than one rank
+    ray_address: str | None = None  # join an existing Ray cluster ("HOST:PORT"); None: start one here
+    master_port: int | None = None  # torch.distributed rendezvous port; None: a free one, found on rank 0
+    cpus_per_rank: int = 1  # CPUs Ray reserves for each rank (and its torch threads)
+
+
+@dataclass
+class PoolConfig:
+    """A resource pool: `nodes` x `devices_per_node` ranks (GPUs, or CPU slots of trainer.cpus_per_rank)."""
+
+    nodes: int = 1
+    devices_per_node: int = 1
+
+
+@dataclass
+class RolePlacementConfig:
+    pool: str = "global"
+    devices: list[str] | None = None  # explicit devices instead of a pool, e.g. ["cuda:0", "cuda:1"]
+
+
+@dataclass
+class PlacementConfig:
+    """Which ranks run which roles. Roles in one colocate list share processes (and devices)."""
+
+    pools: dict[str, PoolConfig] = field(default_factory=lambda: {"global": PoolConfig()})
+    actor: RolePlacementConfig = field(default_factory=RolePlacementConfig)
+    rollout: RolePlacementConfig = field(default_factory=RolePlacementConfig)
+    reference: RolePlacementConfig = field(default_factory=RolePlacementConfig)
+    critic: RolePlacementConfig = field(default_factory=RolePlacementConfig)
+    colocate: list[list[str]] = field(default_factory=lambda: [["actor", "rollout", "reference", "critic"]])
 
 
 @dataclass
@@ -174,6 +208,7 @@ class LucidConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
 
 @dataclass

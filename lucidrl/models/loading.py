@@ -20,6 +20,10 @@ _BUILD_HINT = (
 )
 
 
+# model.dtype values and the torch dtypes they mean
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
 class ModelLoadError(ValueError):
     """A model or tokenizer folder could not be loaded; the message names the path, config key and fix."""
 

@@ -13,7 +13,7 @@ from lucidrl.config import LucidConfig
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer import setup
 from lucidrl.trainer.metrics import timer
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+from lucidrl.workers.rollout_hf import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,7 @@ def score(batch: Batch, reward: RuleRewardManager, cfg: LucidConfig) -> Batch:
     return batch
 
 
-def remax_baselines(
-    batch: Batch, rollout: HFRollout, reward: RuleRewardManager, cfg: LucidConfig
-) -> torch.Tensor:
+def remax_baselines(batch: Batch, rollout, reward: RuleRewardManager, cfg: LucidConfig) -> torch.Tensor:
     """ReMax's baseline: the score of one greedy response per prompt. (prompts,)."""
     greedy = rollout.generate(
         batch, SamplingParams(n=1, do_sample=False, max_new_tokens=cfg.data.max_response_length)
@@ -75,17 +73,26 @@ class BatchCollector:
     """Turns prompt batches into scored rollouts of exactly data.train_batch_size groups."""
 
     def __init__(
-        self, cfg: LucidConfig, rollout: HFRollout, reward: RuleRewardManager, prompts: Iterator[Batch]
+        self,
+        cfg: LucidConfig,
+        rollout,
+        reward: RuleRewardManager,
+        prompts: Iterator[Batch],
+        *,
+        pad_token_id: int,
     ):
         self.cfg = cfg
-        self.rollout = rollout
+        self.rollout = rollout  # anything with generate(prompts, SamplingParams): an engine or a worker group
         self.reward = reward
         self.prompts = prompts
+        self.pad_token_id = pad_token_id
+        self.rounds = 0  # generation rounds so far: seeds deterministic sampling
 
     def _one_round(self, prompts: Batch, timings: dict[str, float]) -> Batch:
         cfg = self.cfg
         with timer("gen", timings):
-            batch = self.rollout.generate(prompts, setup.train_sampling(cfg))
+            self.rounds += 1
+            batch = self.rollout.generate(prompts, setup.train_sampling(cfg, self.rounds))
             if cfg.algorithm.adv_estimator == "remax":
                 baselines = remax_baselines(prompts, self.rollout, self.reward, cfg)
                 batch.set("reward_baselines", baselines.repeat_interleave(cfg.rollout.n))
@@ -121,7 +128,7 @@ class BatchCollector:
                 rounds,
                 filled,
             )
-        pool = Batch.concat(align_widths([b for b in kept + tied if len(b)], self.rollout.pad_id))
+        pool = Batch.concat(align_widths([b for b in kept + tied if len(b)], self.pad_token_id))
         out = pool.slice(0, wanted * n)  # kept groups come first; each group is n consecutive samples
         metrics = {
             "dapo/gen_rounds": float(rounds),

@@ -12,10 +12,14 @@ from lucidrl.config import config_from_dict
 
 
 def kk_tokenizer_corpus(seed: int = 0, n_puzzles: int = 400) -> Iterator[str]:
-    """Text to train the tiny model's tokenizer on: K&K prompts and answers in the chat format."""
+    """Text to train the tiny model's tokenizer on: K&K prompts, direct answers and reasoning traces.
+
+    The traces (`lucidrl data kk --trace`) are in so the tokenizer learns their pieces (" K", ":N",
+    "=F", " ok", ...) as single tokens, which keeps traced responses short.
+    """
     from lucidrl.data.kk import generate_dataset
 
-    rows, _ = generate_dataset((2, 5), n_puzzles, 0, seed=seed + 10_000)
+    rows, _ = generate_dataset((2, 5), n_puzzles, 0, seed=seed + 10_000, trace=True)
     for row in rows:
         for m in row["prompt"]:
             yield m["content"]
@@ -24,6 +28,7 @@ def kk_tokenizer_corpus(seed: int = 0, n_puzzles: int = 400) -> Iterator[str]:
             + row["reward_model"]["ground_truth"]["solution_text_format"]
             + " </answer>"
         )
+        yield "<think>" + row["response"]
 
 
 def sft_config(out: Path, seed: int) -> dict:
@@ -101,10 +106,16 @@ def run_demo(out: Path, steps: int = 10, seed: int = 0) -> dict[str, float]:
     out.mkdir(parents=True, exist_ok=True)
     console.rule("[bold]lucidrl demo[/bold]: GRPO on Knights & Knaves, tiny model, CPU")
     info = write_kk_parquet(out / "data", people=(2, 3), n_train=600, n_val=64, seed=seed)
-    console.print(f"1. data: {info['n_train']} train / {info['n_val']} val puzzles (2-3 people) -> {out / 'data'}")
-    model = build_tiny_model(out / "model", kk_tokenizer_corpus(seed), hidden_size=128, num_layers=2, seed=seed)
+    console.print(
+        f"1. data: {info['n_train']} train / {info['n_val']} val puzzles (2-3 people) -> {out / 'data'}"
+    )
+    model = build_tiny_model(
+        out / "model", kk_tokenizer_corpus(seed), hidden_size=128, num_layers=2, seed=seed
+    )
     console.print(f"2. model: tiny Qwen2, {model['num_parameters'] / 1e6:.2f}M parameters -> {model['path']}")
-    console.print("3. supervised warm-up: 50 steps on the puzzles' answers (teaches the <think>/<answer> format)")
+    console.print(
+        "3. supervised warm-up: 50 steps on the puzzles' answers (teaches the <think>/<answer> format)"
+    )
     sft = SFTTrainer(config_from_dict(sft_config(out, seed), source="lucidrl demo", schema=SFTConfig))
     sft.fit()
     cfg = config_from_dict(grpo_config(out, steps, seed), source="lucidrl demo")

@@ -13,7 +13,6 @@ from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
-from lucidrl.models.saving import save_hf_folder
 from lucidrl.trainer import setup
 from lucidrl.trainer.collect import BatchCollector
 from lucidrl.trainer.metrics import step_metrics, timer, timing_metrics
@@ -85,7 +84,9 @@ class PPOTrainer:
             cfg.trainer.total_training_steps or self.loader.steps_per_epoch * cfg.trainer.total_epochs
         )
         self.tracker = Tracker(cfg.trainer.logger, self.run_dir)
-        self.collector = BatchCollector(cfg, self.workers.rollout, self.workers.reward, self._batches())
+        self.collector = BatchCollector(
+            cfg, self.workers.actor, self.workers.reward, self._batches(), pad_token_id=tok.pad_token_id
+        )
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = (
             make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
@@ -133,7 +134,7 @@ class PPOTrainer:
                 batch.update(w.actor.compute_log_prob(batch))
             if w.reference is not None:
                 with timer("ref", t):
-                    batch.update(w.reference.compute_log_prob(batch))
+                    batch.update(w.reference.compute_ref_log_prob(batch))
             if w.critic is not None:
                 with timer("values", t):
                     batch.update(w.critic.compute_values(batch))
@@ -148,11 +149,12 @@ class PPOTrainer:
             debug_hop("trainer -> critic/actor update", batch)
             if w.critic is not None:
                 with timer("update_critic", t):
-                    metrics.update(w.critic.update(batch))
+                    metrics.update(w.critic.update_critic(batch))
             if self.global_step > cfg.critic.warmup_steps:
                 with timer("update_actor", t):
-                    metrics.update(w.actor.update(batch))
-                w.rollout.sync_weights(w.actor.model)
+                    metrics.update(w.actor.update_actor(batch))
+                with timer("sync_weights", t):
+                    w.actor.sync_rollout()
         metrics.update(step_metrics(batch, cfg.data.max_response_length))
         metrics.update(timing_metrics(t, batch))
         return metrics
@@ -162,7 +164,7 @@ class PPOTrainer:
         if not self.val_samples:
             return {}
         metrics = validate(
-            w.rollout,
+            w.actor,
             w.reward,
             self.val_samples,
             setup.val_sampling(cfg),
@@ -192,4 +194,4 @@ class PPOTrainer:
 
     def save_model(self, path: Path) -> None:
         """A HuggingFace model folder (safetensors + tokenizer) loadable by from_pretrained."""
-        save_hf_folder(self.workers.actor.model, self.workers.tokenizer, path)
+        self.workers.actor.save_model(str(path))

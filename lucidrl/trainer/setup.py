@@ -2,27 +2,28 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import random
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
 
 from lucidrl.config import LucidConfig, to_dict
+from lucidrl.controller.placement import plan_groups
+from lucidrl.controller.worker_group import LocalWorkerGroup, RayWorkerGroup, WorkerGroup, ensure_ray
 from lucidrl.data.dataset import FilterReport, PromptSample, load_prompts
-from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
+from lucidrl.diagnostics.debug import debug_enabled
+from lucidrl.models import load_tokenizer
 from lucidrl.rewards.manager import RuleRewardManager
-from lucidrl.workers.actor import ActorWorker, ReferenceWorker
-from lucidrl.workers.critic import CriticWorker, load_value_model
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+from lucidrl.workers.policy import PolicyWorker
+from lucidrl.workers.rollout_hf import SamplingParams
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class RunDirError(ValueError):
@@ -31,14 +32,18 @@ class RunDirError(ValueError):
 
 @dataclass
 class Workers:
-    """The in-process worker set of one run (the `local` placement)."""
+    """The worker groups of one run (local or Ray) and the reward manager, which runs in the trainer."""
 
-    tokenizer: object
-    actor: ActorWorker
-    rollout: HFRollout
-    reference: ReferenceWorker | None
-    critic: CriticWorker | None
+    tokenizer: Any
+    actor: WorkerGroup  # hosts actor and rollout (and whatever else is colocated with them)
+    reference: WorkerGroup | None
+    critic: WorkerGroup | None
     reward: RuleRewardManager
+    groups: list[WorkerGroup]
+
+    def shutdown(self) -> None:
+        for g in self.groups:
+            g.shutdown()
 
 
 def prepare_run_dir(cfg: LucidConfig) -> Path:
@@ -85,41 +90,55 @@ def load_data(cfg: LucidConfig, tokenizer) -> tuple[list[PromptSample], list[Pro
 
 
 def build_workers(cfg: LucidConfig) -> Workers:
-    """Tokenizer, actor (+ colocated rollout), reference (only with a KL term) and reward manager."""
+    """One worker group per placement group plan; the reward manager in this process."""
     m = cfg.model
     tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
-    model = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
-    check_tokenizer_matches_model(model, tokenizer, m.path)
-    model.to(cfg.trainer.device)
-    reference = None
-    if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-        reference = ReferenceWorker(
-            copy.deepcopy(model),
-            micro_batch_size=cfg.actor.log_prob_micro_batch_size,
-            temperature=cfg.rollout.temperature,
-        )
-    actor = ActorWorker(
-        model, cfg.actor, temperature=cfg.rollout.temperature, samples_per_prompt=cfg.rollout.n
-    )
-    rollout = HFRollout(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
-    critic = None
-    if cfg.algorithm.adv_estimator == "gae":
-        c = cfg.critic
-        value_model = load_value_model(c.model_path or m.path, dtype=DTYPES[m.dtype]).to(cfg.trainer.device)
-        critic = CriticWorker(
-            value_model,
-            c,
-            mini_batch_prompts=c.ppo_mini_batch_size or cfg.actor.ppo_mini_batch_size,
-            samples_per_prompt=cfg.rollout.n,
-        )
+    groups: dict[str, WorkerGroup] = {}
+    plans = plan_groups(cfg)
+    if cfg.trainer.backend == "ray":
+        ensure_ray(cfg.trainer.ray_address, num_cpus=None)
+    for plan in plans:
+        if cfg.trainer.backend == "local":
+            group = LocalWorkerGroup(PolicyWorker, plan.name, cfg, plan.roles, device=plan.device)
+        else:
+            gpu = plan.device.startswith("cuda")
+            group = RayWorkerGroup(
+                PolicyWorker,
+                plan.name,
+                cfg,
+                plan.roles,
+                device="cuda" if gpu else "cpu",
+                world_size=plan.world_size,
+                nodes=plan.nodes,
+                cpus_per_rank=cfg.trainer.cpus_per_rank,
+                gpus_per_rank=1 if gpu else 0,
+                master_port=cfg.trainer.master_port,
+                backend="nccl" if gpu else "gloo",
+            )
+        if debug_enabled():
+            print(
+                f"[lucidrl debug] placement: {plan.name} x{plan.world_size} on {plan.where} ({cfg.trainer.backend})",
+                file=sys.stderr,
+                flush=True,
+            )
+        for role in plan.roles:
+            groups[role] = group
     fn = cfg.reward.custom_function
     reward = RuleRewardManager.from_config(tokenizer, fn.path, fn.name)
-    return Workers(tokenizer, actor, rollout, reference, critic, reward)
+    return Workers(
+        tokenizer,
+        groups["actor"],
+        groups.get("reference"),
+        groups.get("critic"),
+        reward,
+        list({id(g): g for g in groups.values()}.values()),
+    )
 
 
-def train_sampling(cfg: LucidConfig) -> SamplingParams:
+def train_sampling(cfg: LucidConfig, step: int = 0) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(
+        seed=cfg.trainer.seed * 1_000_003 + step if r.deterministic else None,
         n=r.n,
         do_sample=True,
         temperature=r.temperature,

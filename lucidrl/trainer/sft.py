@@ -13,10 +13,12 @@ import torch.nn.functional as F
 from lucidrl.config import SFTConfig
 from lucidrl.data.sft_dataset import IGNORE, collate_sft, load_sft_rows, sft_batches
 from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
+from lucidrl.models.loading import DTYPES
 from lucidrl.models.saving import save_hf_folder
-from lucidrl.trainer.setup import DTYPES, prepare_run_dir, seed_everything
+from lucidrl.trainer.setup import prepare_run_dir, seed_everything
 from lucidrl.trainer.tracking import Tracker
 from lucidrl.workers.actor import NonFiniteLossError
+from lucidrl.workers.optim import build_optimizer, clip_grad
 
 SFT_CONSOLE_KEYS = [
     ("sft/loss", "loss"),
@@ -65,13 +67,7 @@ class SFTTrainer:
         self.val_rows = load_sft_rows(d.val_files, what="data.val_files", **kw) if d.val_files else []
         steps_per_epoch = len(self.train_rows) // d.batch_size
         self.total_steps = cfg.trainer.total_training_steps or steps_per_epoch * cfg.trainer.total_epochs
-        o = cfg.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0
-        )
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim)
         self.tracker = Tracker(cfg.trainer.logger, self.run_dir, console_keys=SFT_CONSOLE_KEYS)
         self.global_step = 0
         self.last_val: dict[str, float] = {}
@@ -96,7 +92,7 @@ class SFTTrainer:
                 loss, _, _ = response_loss_sum(self.model, batch)
             (loss / n_tokens).backward()
             total += loss.item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip).item()
+        grad_norm = clip_grad(self.model, cfg.optim.grad_clip)
         if not math.isfinite(grad_norm):
             raise NonFiniteLossError(
                 f"SFT step {self.global_step}: gradient norm is {grad_norm}; lower optim.lr or turn off bf16_autocast"

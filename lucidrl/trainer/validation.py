@@ -13,11 +13,11 @@ from lucidrl.batch import Batch
 from lucidrl.data.dataset import PromptSample, collate
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer.metrics import nanmean
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+from lucidrl.workers.rollout_hf import SamplingParams
 
 
 def validate(
-    rollout: HFRollout,
+    rollout,
     reward: RuleRewardManager,
     samples: list[PromptSample],
     params: SamplingParams,

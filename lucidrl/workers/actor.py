@@ -11,6 +11,7 @@ from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig
 from lucidrl.workers.forward import response_log_probs
+from lucidrl.workers.optim import build_optimizer, clip_grad
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -39,21 +40,21 @@ class ActorWorker:
     """Holds the policy and its optimizer; computes log-probs and runs PPO-style updates."""
 
     def __init__(
-        self, model: torch.nn.Module, cfg: ActorConfig, *, temperature: float, samples_per_prompt: int
+        self,
+        model: torch.nn.Module,
+        cfg: ActorConfig,
+        *,
+        temperature: float,
+        samples_per_prompt: int,
+        world_size: int = 1,
     ):
         self.model = model
         self.cfg = cfg
         self.temperature = temperature
-        self.samples_per_prompt = samples_per_prompt
+        # a mini-batch is ppo_mini_batch_size prompts in all; each data-parallel rank holds its share
+        self.mini_batch = cfg.ppo_mini_batch_size * samples_per_prompt // world_size
         self.policy_loss_fn = get_policy_loss(cfg.policy_loss)
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay
-        )
-        warmup = cfg.optim.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
-        )
+        self.optimizer, self.scheduler = build_optimizer(model, cfg.optim)
         self.nonfinite_skipped = 0
 
     @torch.no_grad()
@@ -108,7 +109,7 @@ class ActorWorker:
         """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each."""
         cfg = self.cfg
         self.model.train()
-        mini = cfg.ppo_mini_batch_size * self.samples_per_prompt
+        mini = self.mini_batch
         metrics: dict[str, list[float]] = defaultdict(list)
         steps = skipped = 0
         for _ in range(cfg.ppo_epochs):
@@ -116,15 +117,15 @@ class ActorWorker:
                 self.optimizer.zero_grad(set_to_none=True)
                 for ub in mb.split(cfg.ppo_micro_batch_size):
                     self._micro_step(ub, len(ub) / len(mb), metrics)
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+                grad_norm = clip_grad(self.model, cfg.optim.grad_clip)
                 steps += 1
-                if not math.isfinite(grad_norm.item()):
+                if not math.isfinite(grad_norm):
                     # never train on a NaN/inf gradient: drop this step, count it, say so in metrics
                     self.optimizer.zero_grad(set_to_none=True)
                     skipped += 1
                 else:
                     self.optimizer.step()
-                    metrics["actor/grad_norm"].append(grad_norm.item())
+                    metrics["actor/grad_norm"].append(grad_norm)
                 self.scheduler.step()
         self.nonfinite_skipped += skipped
         if skipped == steps:

@@ -16,6 +16,7 @@ from lucidrl.config.schema import CriticConfig
 from lucidrl.models.loading import ModelLoadError
 from lucidrl.workers.actor import NonFiniteLossError
 from lucidrl.workers.forward import sequence_inputs
+from lucidrl.workers.optim import build_optimizer, clip_grad
 
 
 def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -61,18 +62,18 @@ class CriticWorker:
     """Computes values and regresses them on the returns with PPO's clipped value loss."""
 
     def __init__(
-        self, model: torch.nn.Module, cfg: CriticConfig, *, mini_batch_prompts: int, samples_per_prompt: int
+        self,
+        model: torch.nn.Module,
+        cfg: CriticConfig,
+        *,
+        mini_batch_prompts: int,
+        samples_per_prompt: int,
+        world_size: int = 1,
     ):
         self.model = model
         self.cfg = cfg
-        self.mini_batch = mini_batch_prompts * samples_per_prompt
-        o = cfg.optim
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0
-        )
+        self.mini_batch = mini_batch_prompts * samples_per_prompt // world_size
+        self.optimizer, self.scheduler = build_optimizer(model, cfg.optim)
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
@@ -106,9 +107,7 @@ class CriticWorker:
                     metrics["critic/vpred_mean"].append(
                         vpreds.detach()[mask].mean().item() if mask.any() else 0.0
                     )
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    self.model.parameters(), cfg.optim.grad_clip
-                ).item()
+                grad_norm = clip_grad(self.model, cfg.optim.grad_clip)
                 if not math.isfinite(grad_norm):
                     raise NonFiniteLossError(
                         f"critic gradient norm is {grad_norm}; lower critic.optim.lr or check the rewards for NaN"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1  # -1: off
     max_new_tokens: int = 256
+    # set: each prompt's n samples are generated in their own call from an RNG seeded by (seed, uid),
+    # so the samples do not depend on batching or on how prompts are spread over data-parallel ranks
+    seed: int | None = None
 
 
 def response_mask_from_ids(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
@@ -75,8 +79,12 @@ class HFRollout:
         was_training = self.model.training
         self.model.eval()
         outs, logps = [], []
+        per_prompt = params.seed is not None
         try:
-            for chunk in expanded.split(self.micro_batch_size):
+            for chunk in expanded.split(params.n if per_prompt else self.micro_batch_size):
+                if per_prompt:
+                    chunk = _strip_left_padding(chunk)
+                    torch.manual_seed(params.seed + zlib.crc32(str(chunk["uid"][0]).encode()))
                 out = self.model.generate(
                     input_ids=chunk["prompts"],
                     attention_mask=chunk["prompt_mask"],
@@ -100,6 +108,17 @@ class HFRollout:
             expanded.set("rollout_log_probs", lp * mask)
         expanded.meta["sampling"] = params
         return expanded
+
+
+def _strip_left_padding(chunk: Batch) -> Batch:
+    """Drop prompt columns that are padding in every row (a group alone needs none)."""
+    keep = int(chunk["prompt_mask"].sum(0).nonzero().min()) if chunk["prompt_mask"].any() else 0
+    if keep == 0:
+        return chunk
+    out = Batch(dict(chunk.tensors), dict(chunk.non_tensors), dict(chunk.meta))
+    out.tensors["prompts"] = chunk["prompts"][:, keep:]
+    out.tensors["prompt_mask"] = chunk["prompt_mask"][:, keep:]
+    return out
 
 
 def _pad_right(x: torch.Tensor, width: int, value: float | int) -> torch.Tensor:

@@ -160,8 +160,17 @@ def answer_response(puzzle: Puzzle) -> str:
     return f" </think> <answer> {format_solution(puzzle.names, puzzle.knights)} </answer>"
 
 
-def make_row(puzzle: Puzzle, text: str, split: str, index: int) -> dict:
-    """One dataset row in verl's schema, with the assistant turn pre-filled with "<think>" (Logic-RL)."""
+def make_row(puzzle: Puzzle, text: str, split: str, index: int, trace: bool = False) -> dict:
+    """One dataset row in verl's schema, with the assistant turn pre-filled with "<think>" (Logic-RL).
+
+    With `trace`, the supervised `response` reasons through a truth table first (see kk/trace.py).
+    """
+    if trace:
+        from lucidrl.data.kk.trace import trace_response  # imported here: trace.py builds on this module
+
+        response = trace_response(puzzle)
+    else:
+        response = answer_response(puzzle)
     return {
         "data_source": DATA_SOURCE,
         "prompt": [
@@ -170,7 +179,7 @@ def make_row(puzzle: Puzzle, text: str, split: str, index: int) -> dict:
             {"role": "assistant", "content": ASSISTANT_PREFIX},
         ],
         "ability": "logic",
-        "response": answer_response(puzzle),
+        "response": response,
         "reward_model": {
             "style": "rule",
             "ground_truth": {
@@ -249,13 +258,14 @@ def _distinct_puzzles(n_people: int, count: int, rng: random.Random) -> list[tup
 
 
 def generate_dataset(
-    people: tuple[int, int] | list[int], n_train: int, n_val: int, seed: int
+    people: tuple[int, int] | list[int], n_train: int, n_val: int, seed: int, trace: bool = False
 ) -> tuple[list[dict], list[dict]]:
     """Train and val rows for K&K, sizes spread evenly (round-robin) over `people`, no puzzle in both.
 
     `people` is an inclusive range (lo, hi) or an explicit list of sizes. Each size has its own random
     stream derived from `seed`, so adding a size leaves the other sizes' puzzles unchanged, and val
-    draws first, so a larger n_train leaves the val rows unchanged. Raises
+    draws first, so a larger n_train leaves the val rows unchanged. With `trace`, responses hold a
+    truth-table reasoning trace before the answer (same puzzles). Raises
     ValueError when a size has fewer distinct puzzles than requested.
     """
     sizes = people_values(people)
@@ -281,10 +291,15 @@ def generate_dataset(
         # Val takes the first puzzles, so the val set stays the same when only n_train changes.
         val_by_size[n] = puzzles[: val_counts[n]]
         train_by_size[n] = puzzles[val_counts[n] :]
-    return _interleave(train_by_size, sizes, "train"), _interleave(val_by_size, sizes, "val")
+    return (
+        _interleave(train_by_size, sizes, "train", trace),
+        _interleave(val_by_size, sizes, "val", trace),
+    )
 
 
-def _interleave(by_size: dict[int, list[tuple[Puzzle, str]]], sizes: list[int], split: str) -> list[dict]:
+def _interleave(
+    by_size: dict[int, list[tuple[Puzzle, str]]], sizes: list[int], split: str, trace: bool = False
+) -> list[dict]:
     """Rows taking one puzzle of each size in turn (2, 3, 4, 2, 3, 4, ...), indexed in that order."""
     rows: list[dict] = []
     longest = max((len(v) for v in by_size.values()), default=0)
@@ -292,5 +307,5 @@ def _interleave(by_size: dict[int, list[tuple[Puzzle, str]]], sizes: list[int], 
         for n in sizes:
             if k < len(by_size[n]):
                 puzzle, text = by_size[n][k]
-                rows.append(make_row(puzzle, text, split, len(rows)))
+                rows.append(make_row(puzzle, text, split, len(rows), trace))
     return rows

@@ -71,14 +71,16 @@ def write_kk_parquet(
     n_train: int = 1000,
     n_val: int = 100,
     seed: int = 0,
+    trace: bool = False,
 ) -> dict:
     """Generate K&K puzzles and write `train.parquet` and `val.parquet` under `out_dir` (created if missing).
 
     Returns {"train": path, "val": path, "n_train": int, "n_val": int, "per_people": {n: rows in both}}.
+    With `trace`, each row's `response` reasons through a truth table before the answer (kk/trace.py).
     There are only 556 distinct 2-person puzzles; a request needing more raises ValueError.
     """
     people_values(people)  # validate before touching the file system
-    train, val = generate_dataset(people, n_train=n_train, n_val=n_val, seed=seed)
+    train, val = generate_dataset(people, n_train=n_train, n_val=n_val, seed=seed, trace=trace)
     os.makedirs(out_dir, exist_ok=True)
     paths = {}
     for split, rows in (("train", train), ("val", val)):

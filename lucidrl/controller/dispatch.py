@@ -1,0 +1,84 @@
+"""How a worker method's Batch is sent to the ranks of a group and how their results come back.
+
+A worker method declares its mode with `@dispatch(...)`; the worker group (local or Ray) reads it:
+
+- ``ALL``: every rank gets the same arguments; the result is rank 0's (collective calls: all ranks
+  must take part, e.g. a weight sync).
+- ``DP``: the Batch (first argument) is padded to a multiple of the world size, split into equal
+  contiguous chunks, one per rank; the returned Batches are concatenated in rank order and the
+  padding removed. For computations (log-probs, values, generation).
+- ``DP_EXACT``: like DP, but the batch must divide evenly: padding would be trained on. For updates;
+  the ranks' metric dicts are averaged.
+- ``RANK0``: only rank 0 runs it (saving a replicated model, reporting).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from lucidrl.batch import Batch, BatchError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Dispatch(enum.Enum):
+    ALL = "all"
+    DP = "dp"
+    DP_EXACT = "dp_exact"
+    RANK0 = "rank0"
+
+
+DISPATCH_ATTR = "__lucidrl_dispatch__"
+
+
+def dispatch(mode: Dispatch) -> Callable[[F], F]:
+    """Declare how a worker method is dispatched across ranks."""
+
+    def deco(fn: F) -> F:
+        setattr(fn, DISPATCH_ATTR, mode)
+        return fn
+
+    return deco
+
+
+def dispatch_mode(worker_cls: type, method: str) -> Dispatch:
+    fn = getattr(worker_cls, method, None)
+    if fn is None or not callable(fn):
+        public = sorted(m for m in dir(worker_cls) if hasattr(getattr(worker_cls, m), DISPATCH_ATTR))
+        raise AttributeError(
+            f"{worker_cls.__name__} has no worker method '{method}'; it has: {', '.join(public)}"
+        )
+    mode = getattr(fn, DISPATCH_ATTR, None)
+    if mode is None:
+        raise AttributeError(f"{worker_cls.__name__}.{method} is not a worker method (no @dispatch mode)")
+    return mode
+
+
+def split_for_ranks(batch: Batch, world_size: int, mode: Dispatch, method: str) -> tuple[list[Batch], int]:
+    """Equal contiguous chunks, one per rank, and how many padding samples were appended."""
+    if not isinstance(batch, Batch):
+        raise TypeError(
+            f"{mode.value} dispatch of '{method}' needs a Batch as first argument, got {type(batch).__name__}"
+        )
+    if mode is Dispatch.DP_EXACT and len(batch) % world_size:
+        raise BatchError(
+            f"'{method}' trains on its batch, so the {len(batch)} samples must divide evenly over {world_size} "
+            f"data-parallel ranks (padding would be trained on); make data.train_batch_size x rollout.n a multiple"
+        )
+    padded, pad = batch.pad_to_divisor(world_size)
+    return padded.chunk(world_size), pad
+
+
+def merge_from_ranks(results: list[Any], pad: int, mode: Dispatch) -> Any:
+    """Concatenate Batch results (removing padding) or average metric dicts."""
+    first = results[0]
+    if isinstance(first, Batch):
+        return Batch.concat(results).unpad(pad)
+    if isinstance(first, dict):
+        keys = set().union(*results)
+        return {k: sum(r[k] for r in results if k in r) / sum(k in r for r in results) for k in keys}
+    if mode is Dispatch.DP:
+        return results
+    return first

@@ -1,0 +1,110 @@
+"""torch.distributed among the ranks of a worker group: a free port, init, and model wrapping."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+class PortInUseError(OSError):
+    """The configured rendezvous port is taken on the rank-0 host."""
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where rank 0 listens for the rendezvous, and this rank's place in the group."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    backend: str  # "gloo" (CPU) or "nccl" (GPU)
+
+
+def node_ip() -> str:
+    """This host's address as other nodes reach it (loopback when that is all there is)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
+def pick_port(host: str, port: int | None) -> int:
+    """`port` if it is free on this host (else PortInUseError naming it), or a free one the OS picks."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port or 0))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortInUseError(
+                    f"trainer.master_port={port} is already in use on {host}; pick another port or leave "
+                    f"trainer.master_port unset (null) to use a free one"
+                ) from e
+            raise
+        return s.getsockname()[1]
+
+
+def init_process_group(info: DistInfo) -> float:
+    """Join the group (gloo on CPU, nccl on GPU); returns the seconds it took (LUCIDRL_DEBUG prints them)."""
+    start = time.perf_counter()
+    os.environ.update(
+        MASTER_ADDR=info.master_addr,
+        MASTER_PORT=str(info.master_port),
+        RANK=str(info.rank),
+        WORLD_SIZE=str(info.world_size),
+        LOCAL_RANK="0",
+    )
+    dist.init_process_group(backend=info.backend, rank=info.rank, world_size=info.world_size)
+    return time.perf_counter() - start
+
+
+def wrap_for_training(model: torch.nn.Module, strategy: str, device: str) -> torch.nn.Module:
+    """FSDP2 (`fully_shard` per decoder layer, then the root) or DDP over the initialised group."""
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, broadcast_buffers=False)
+    if strategy == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
+        layers = _decoder_layers(model)
+        for layer in layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    raise ValueError(f"trainer.strategy must be 'fsdp2' or 'ddp', got {strategy!r}")
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks (the unit FSDP shards by); HF models keep them in a ModuleList `layers`."""
+    for name, module in model.named_modules():
+        if name.endswith("layers") and isinstance(module, torch.nn.ModuleList):
+            return list(module)
+    return []
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF module under a DDP wrapper (FSDP2 shards in place, so there is nothing to unwrap)."""
+    return getattr(model, "module", model)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer as a full (unsharded) tensor, on every rank: for the rollout copy."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if dist.is_initialized():
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return unwrap(model).state_dict()

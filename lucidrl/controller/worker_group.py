@@ -1,0 +1,212 @@
+"""Worker groups: the same calls on one in-process worker (`local`) or on Ray actors, one per rank (`ray`).
+
+`group.generate(batch, params)` looks up the method's dispatch mode (lucidrl.controller.dispatch),
+sends each rank its part, waits, and merges. A failure in any rank comes back as RemoteWorkerError
+(original type, message, role, rank, host, remote traceback); a rank whose process died comes back
+as WorkerDiedError naming its role and rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from lucidrl.controller.dispatch import Dispatch, dispatch_mode, merge_from_ranks, split_for_ranks
+from lucidrl.controller.distributed import DistInfo, node_ip, pick_port
+from lucidrl.controller.errors import RemoteFailure, RemoteWorkerError, WorkerDiedError
+from lucidrl.diagnostics.debug import debug_enabled
+
+log = logging.getLogger(__name__)
+
+
+class WorkerGroup:
+    """The interface both backends share: attribute access calls a worker method on the group."""
+
+    role: str
+    world_size: int
+    worker_cls: type
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        dispatch_mode(self.worker_cls, name)  # an unknown method fails here, listing the real ones
+        return lambda *args, **kwargs: self.call(name, *args, **kwargs)
+
+    def shutdown(self) -> None:
+        pass
+
+
+class LocalWorkerGroup(WorkerGroup):
+    """One rank in the trainer's own process: zero start-up cost, exceptions arrive untouched."""
+
+    def __init__(self, worker_cls: type, role: str, *args: Any, **kwargs: Any):
+        self.worker_cls, self.role, self.world_size = worker_cls, role, 1
+        self.worker = worker_cls(*args, dist_info=None, **kwargs)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        dispatch_mode(self.worker_cls, method)
+        return getattr(self.worker, method)(*args, **kwargs)
+
+
+class _RankHost:
+    """The Ray actor of one rank: builds the worker, runs its methods, returns failures as strings."""
+
+    def __init__(self, role: str, rank: int, num_threads: int):
+        import torch
+
+        self.role, self.rank, self.worker = role, rank, None
+        torch.set_num_threads(num_threads)
+
+    def rendezvous(self, port: int | None) -> tuple[str, int]:
+        host = node_ip()
+        return host, pick_port(host, port)
+
+    def init_worker(self, worker_cls: type, args: tuple, kwargs: dict) -> tuple[str, Any]:
+        try:
+            self.worker = worker_cls(*args, **kwargs)
+            return "ok", None
+        except BaseException as e:  # noqa: BLE001 - every failure must reach the trainer
+            return "error", RemoteFailure.capture(e, role=self.role, rank=self.rank, method="__init__")
+
+    def run(self, method: str, args: tuple, kwargs: dict) -> tuple[str, Any]:
+        try:
+            return "ok", getattr(self.worker, method)(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001
+            return "error", RemoteFailure.capture(e, role=self.role, rank=self.rank, method=method)
+
+
+def ensure_ray(address: str | None, num_cpus: int | None) -> None:
+    """Start (or join, with trainer.ray_address) Ray once per process."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+    if address:
+        kwargs["address"] = address
+    elif num_cpus:
+        kwargs["num_cpus"] = num_cpus
+    # the workers must import lucidrl the way this process does (a source checkout or an install)
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    kwargs["runtime_env"] = {
+        "env_vars": {"PYTHONPATH": os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])}
+    }
+    ray.init(**kwargs)
+
+
+class RayWorkerGroup(WorkerGroup):
+    """`world_size` Ray actors in one placement group, joined in a torch.distributed group."""
+
+    def __init__(
+        self,
+        worker_cls: type,
+        role: str,
+        *args: Any,
+        world_size: int,
+        nodes: int = 1,
+        cpus_per_rank: int = 1,
+        gpus_per_rank: int = 0,
+        master_port: int | None = None,
+        backend: str = "gloo",
+        ready_timeout_s: float = 120.0,
+        **kwargs: Any,
+    ):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.worker_cls, self.role, self.world_size = worker_cls, role, world_size
+        if world_size % nodes:
+            raise ValueError(f"role {role}: {world_size} ranks do not spread evenly over {nodes} nodes")
+        per_node = world_size // nodes
+        # one bundle per node holding that node's ranks; several nodes: each bundle on a different node
+        bundle = {
+            "CPU": cpus_per_rank * per_node,
+            **({"GPU": gpus_per_rank * per_node} if gpus_per_rank else {}),
+        }
+        self.pg = placement_group([bundle] * nodes, strategy="STRICT_SPREAD" if nodes > 1 else "PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.util.remove_placement_group(self.pg)
+            raise RuntimeError(
+                f"role {role}: Ray could not place {nodes} node(s) x {bundle} within {ready_timeout_s:.0f}s; "
+                f"the cluster has {ray.cluster_resources()} — lower the placement's nodes x devices_per_node "
+                f"or trainer.cpus_per_rank, or add nodes"
+            ) from None
+        host_cls = ray.remote(_RankHost)
+        self.hosts = [
+            host_cls.options(
+                num_cpus=cpus_per_rank,
+                num_gpus=gpus_per_rank,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=i // per_node
+                ),
+            ).remote(role, i, cpus_per_rank)
+            for i in range(world_size)
+        ]
+        addr, port = self._get(self.hosts[0].rendezvous.remote(master_port), 0, "rendezvous")
+        if debug_enabled():
+            print(
+                f"[lucidrl debug] {role}: {world_size} Ray ranks, rendezvous {addr}:{port} ({backend})",
+                file=sys.stderr,
+                flush=True,
+            )
+        futures = [
+            h.init_worker.remote(
+                worker_cls, args, {**kwargs, "dist_info": DistInfo(i, world_size, addr, port, backend)}
+            )
+            for i, h in enumerate(self.hosts)
+        ]
+        self._gather(futures, "__init__")
+
+    def _get(self, future: Any, rank: int, method: str) -> Any:
+        import ray
+
+        try:
+            return ray.get(future)
+        except ray.exceptions.RayActorError as e:
+            raise WorkerDiedError(
+                self.role, rank, method, f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            ) from None
+
+    def _gather(self, futures: list[Any], method: str) -> list[Any]:
+        """Wait for every rank; raise at the first failure (the others may be stuck in a collective with it)."""
+        import ray
+
+        results: list[Any] = [None] * len(futures)
+        pending = dict(zip(futures, range(len(futures)), strict=True))
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            rank = pending.pop(done[0])
+            status, value = self._get(done[0], rank, method)
+            if status == "error":
+                raise RemoteWorkerError(value)
+            results[rank] = value
+        return results
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        mode = dispatch_mode(self.worker_cls, method)
+        if mode in (Dispatch.DP, Dispatch.DP_EXACT):
+            chunks, pad = split_for_ranks(args[0], self.world_size, mode, method)
+            futures = [
+                h.run.remote(method, (c, *args[1:]), kwargs) for h, c in zip(self.hosts, chunks, strict=True)
+            ]
+            return merge_from_ranks(self._gather(futures, method), pad, mode)
+        if mode is Dispatch.RANK0:
+            return self._gather([self.hosts[0].run.remote(method, args, kwargs)], method)[0]
+        results = self._gather([h.run.remote(method, args, kwargs) for h in self.hosts], method)
+        return results[0]
+
+    def shutdown(self) -> None:
+        import ray
+
+        for h in self.hosts:
+            ray.kill(h)
+        ray.util.remove_placement_group(self.pg)

@@ -1,0 +1,228 @@
+"""`lucidrl eval`: accuracy of a saved model on held-out prompts, greedy and sampled, as Logic-RL reports it.
+
+Greedy accuracy is one deterministic answer per prompt; sampled accuracy is the mean over k samples
+per prompt at a temperature (Logic-RL's evaluation), and pass@k the fraction of prompts with at least
+one correct sample. Accuracy is the reward function's "acc" metric when it returns one (K&K does), else
+the score itself (0/1 rewards such as GSM8K). K&K rows also report it per number of people.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from lucidrl.batch import Batch
+from lucidrl.data.dataset import DatasetError, PromptSample, collate, load_prompts
+from lucidrl.diagnostics.errors import UsageError
+from lucidrl.rewards.manager import RuleRewardManager
+from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+
+MODES = ("greedy", "sampled")
+
+
+class EvaluationError(UsageError):
+    """An evaluation setting that cannot work (a bad count, a prompt too long for the model)."""
+
+
+def _check_settings(
+    k: int, temperature: float, max_new_tokens: int, limit: int | None, batch_size: int
+) -> None:
+    """Raise EvaluationError naming the first impossible setting and the CLI flag that sets it."""
+    for flag, value in (("--k", k), ("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise EvaluationError(f"{flag}={value!r}: must be an integer >= 1")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise EvaluationError(f"--limit={limit!r}: must be an integer >= 1 (or left out for every row)")
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature <= 0:
+        raise EvaluationError(
+            f"--temperature={temperature!r}: must be a number > 0 (greedy decoding is always evaluated too)"
+        )
+
+
+def _mean(values: list[float]) -> float | None:
+    """The mean of the non-NaN values, or None when there are none (JSON null)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else None
+
+
+def _generate_and_score(
+    rollout: HFRollout,
+    reward: RuleRewardManager,
+    samples: list[PromptSample],
+    params: SamplingParams,
+    *,
+    pad_token_id: int,
+    batch_size: int,
+) -> dict[str, list[Any]]:
+    """Per generated sample (prompt-major, n per prompt): prompt index, data_source, n_people, acc, format, length."""
+    per_sample: dict[str, list[Any]] = defaultdict(list)
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start : start + batch_size]
+        batch: Batch = rollout.generate(collate(chunk, pad_token_id), params)
+        scores, extras = reward.score(batch)
+        seq_scores = scores["token_level_scores"].sum(-1).tolist()
+        n = len(batch)
+        per_sample["prompt"].extend(start + i // params.n for i in range(n))
+        per_sample["data_source"].extend(batch["data_source"])
+        per_sample["n_people"].extend(info.get("n_people") for info in batch["extra_info"])
+        per_sample["score"].extend(seq_scores)
+        per_sample["acc"].extend(extras.get("acc", seq_scores))
+        per_sample["format_ok"].extend(extras.get("format_ok", [float("nan")] * n))
+        per_sample["length"].extend(float(x) for x in batch["response_mask"].sum(-1).tolist())
+    return per_sample
+
+
+def _summarise(per_sample: dict[str, list[Any]], idx: list[int], n: int) -> dict[str, Any]:
+    """Accuracy (overall and per people), pass@n, format-pass rate, score and length over samples `idx`."""
+    acc = per_sample["acc"]
+    by_people: dict[int, list[int]] = defaultdict(list)
+    by_prompt: dict[int, list[float]] = defaultdict(list)
+    for i in idx:
+        if per_sample["n_people"][i] is not None:
+            by_people[int(per_sample["n_people"][i])].append(i)
+        by_prompt[per_sample["prompt"][i]].append(acc[i])
+    return {
+        "acc": _mean([acc[i] for i in idx]),
+        "acc_by_people": {p: _mean([acc[i] for i in ids]) for p, ids in sorted(by_people.items())},
+        f"pass_at_{n}": _mean([float(any(a >= 1.0 for a in accs)) for accs in by_prompt.values()]),
+        "format_ok": _mean([per_sample["format_ok"][i] for i in idx]),
+        "score": _mean([per_sample["score"][i] for i in idx]),
+        "response_length": _mean([per_sample["length"][i] for i in idx]),
+        "n_samples": len(idx),
+    }
+
+
+def evaluate(
+    model_path: str,
+    data_files: list[str],
+    *,
+    k: int = 4,
+    temperature: float = 1.0,
+    max_new_tokens: int = 256,
+    limit: int | None = None,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Generate greedily and k samples per prompt with the model at `model_path`; score; summarise.
+
+    `limit` keeps the first rows (K&K files interleave sizes, so every size stays represented);
+    `batch_size` counts sequences per `generate` call. Returns::
+
+        {"model", "data", "k", "temperature", "max_new_tokens", "seed", "n_prompts",
+         "seconds": {"greedy": s, "sampled": s},
+         "data_sources": {ds: {"n_prompts", "n_prompts_by_people": {n_people: count},
+                               "greedy":  {"acc", "acc_by_people": {n_people: acc}, "pass_at_1",
+                                           "format_ok", "score", "response_length", "n_samples"},
+                               "sampled": {... "pass_at_<k>" ...}}}}
+
+    Means over no values (e.g. format_ok from a reward without that metric) are None. The global torch
+    RNG is left as it was; sampling draws from a generator seeded with `seed`.
+    """
+    from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
+
+    _check_settings(k, temperature, max_new_tokens, limit, batch_size)
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path)
+    check_tokenizer_matches_model(model, tokenizer, model_path)
+    samples, _ = load_prompts(list(data_files), tokenizer, max_prompt_length=10**9, what="--data")
+    samples = samples[:limit] if limit is not None else samples
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions is not None:
+        for s in samples:
+            if len(s.input_ids) + max_new_tokens > positions:
+                raise DatasetError(
+                    f"{s.source}: the prompt is {len(s.input_ids)} tokens; with --max-new-tokens={max_new_tokens} "
+                    f"that passes the model's {positions} positions (max_position_embeddings); lower "
+                    f"--max-new-tokens to at most {positions - len(s.input_ids)} or evaluate shorter prompts"
+                )
+    rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size)
+    reward = RuleRewardManager(tokenizer)
+    modes = {
+        "greedy": SamplingParams(n=1, do_sample=False, max_new_tokens=max_new_tokens),
+        "sampled": SamplingParams(
+            n=k, do_sample=True, temperature=temperature, max_new_tokens=max_new_tokens
+        ),
+    }
+    per_mode: dict[str, dict[str, list[Any]]] = {}
+    seconds: dict[str, float] = {}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for mode, params in modes.items():
+            start = time.perf_counter()
+            # prompts per generate call, so each call holds about batch_size sequences
+            prompts_per_call = max(1, batch_size // params.n)
+            per_mode[mode] = _generate_and_score(
+                rollout,
+                reward,
+                samples,
+                params,
+                pad_token_id=tokenizer.pad_token_id,
+                batch_size=prompts_per_call,
+            )
+            seconds[mode] = time.perf_counter() - start
+
+    by_source: dict[str, dict[str, Any]] = {}
+    for ds in sorted({s.data_source for s in samples}):
+        prompts = [s for s in samples if s.data_source == ds]
+        people = [s.extra_info.get("n_people") for s in prompts]
+        entry: dict[str, Any] = {
+            "n_prompts": len(prompts),
+            "n_prompts_by_people": {
+                int(p): people.count(p) for p in sorted({p for p in people if p is not None})
+            },
+        }
+        for mode, params in modes.items():
+            rows = per_mode[mode]
+            idx = [i for i, d in enumerate(rows["data_source"]) if d == ds]
+            entry[mode] = _summarise(rows, idx, params.n)
+        by_source[ds] = entry
+    return {
+        "model": str(model_path),
+        "data": [str(f) for f in data_files],
+        "k": k,
+        "temperature": float(temperature),
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "n_prompts": len(samples),
+        "seconds": seconds,
+        "data_sources": by_source,
+    }
+
+
+def results_table(result: dict[str, Any], data_source: str) -> Any:
+    """A rich Table for one data source, like Logic-RL's: rows greedy / sampled@k, columns people + overall.
+
+    Columns are the numbers of people present in the data (2..8 for K&K), then overall accuracy,
+    pass@k, format-pass rate and mean response length (tokens).
+    """
+    from rich.table import Table
+
+    entry = result["data_sources"][data_source]
+    k = result["k"]
+    people = list(entry["n_prompts_by_people"])
+    table = Table(
+        title=f"{data_source}: {entry['n_prompts']} prompts, {result['model']}",
+        caption=f"sampled: {k} samples per prompt at temperature {result['temperature']:g}; "
+        f"up to {result['max_new_tokens']} new tokens",
+    )
+    table.add_column("mode")
+    for p in people:
+        table.add_column(f"{p} people\n({entry['n_prompts_by_people'][p]})", justify="right")
+    for column in ("overall", "pass@k", "format", "length"):
+        table.add_column(column, justify="right")
+    for mode, label, n in (("greedy", "greedy", 1), ("sampled", f"sampled@{k}", k)):
+        stats = entry[mode]
+        cells = [_cell(stats["acc_by_people"].get(p)) for p in people]
+        cells += [_cell(stats["acc"]), _cell(stats[f"pass_at_{n}"]), _cell(stats["format_ok"])]
+        length = stats["response_length"]
+        cells.append("-" if length is None else f"{length:.1f}")
+        table.add_row(label, *cells)
+    return table
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

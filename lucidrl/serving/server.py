@@ -1,0 +1,379 @@
+"""`lucidrl serve`: an OpenAI-compatible completions server over lucidrl's own HF generation engine.
+
+For evaluation, frozen-policy rollouts and debugging a client against exactly the sampler lucidrl
+trains with (HFRollout: same sampling, same log-probs at the request's temperature). Stdlib HTTP
+only; requests are served one at a time, since `model.generate` is not thread-safe.
+
+Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/completions` (see protocol.py for the fields).
+Binds to 127.0.0.1 by default; any other address must be asked for explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import torch
+
+from lucidrl.batch import Batch
+from lucidrl.diagnostics.errors import UsageError
+from lucidrl.serving.protocol import (
+    CompletionRequest,
+    RequestError,
+    error_body,
+    parse_completion_request,
+)
+from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+
+log = logging.getLogger("lucidrl.serving")
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class CompletionEngine:
+    """Turns validated completion requests into OpenAI responses, one request at a time."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, model_name: str, *, max_batch: int = 64):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.rollout = HFRollout(model, tokenizer, micro_batch_size=max_batch)
+        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        self.created = int(time.time())
+        self._lock = threading.Lock()
+
+    def parse(self, body: Any) -> CompletionRequest:
+        return parse_completion_request(
+            body,
+            served_model=self.model_name,
+            tokenizer=self.tokenizer,
+            vocab_size=self.vocab_size,
+            max_positions=self.max_positions,
+        )
+
+    def complete(self, req: CompletionRequest) -> dict[str, Any]:
+        """Generate n samples per prompt; choices are ordered prompt-major (prompt i, sample j at i*n+j)."""
+        do_sample = req.temperature > 0
+        # Greedy with log-probs: top_k=1 sampling picks the argmax and keeps the logits (temperature 1).
+        greedy_lp = not do_sample and req.logprobs is not None
+        params = SamplingParams(
+            n=req.n,
+            do_sample=do_sample or greedy_lp,
+            temperature=req.temperature if do_sample else 1.0,
+            top_p=req.top_p if do_sample else 1.0,
+            top_k=req.top_k if do_sample else (1 if greedy_lp else -1),
+            max_new_tokens=req.max_tokens,
+        )
+        with self._lock:
+            if req.seed is None:
+                samples = self._generate(req.prompts, params, req.logprobs is not None)
+            else:  # as vLLM: a prompt's samples depend on (seed, prompt) only, not on the other prompts
+                samples = []
+                for prompt in req.prompts:
+                    with _seeded(req.seed, self._device()):
+                        samples += self._generate([prompt], params, req.logprobs is not None)
+        choices, completion_tokens = [], 0
+        for i, (ids, logps) in enumerate(samples):
+            completion_tokens += len(ids)
+            choice: dict[str, Any] = {
+                "index": i,
+                "text": self.tokenizer.decode(ids, skip_special_tokens=True),
+                "logprobs": None,
+                "finish_reason": "stop" if ids and ids[-1] in self.rollout.eos_ids else "length",
+                "stop_reason": None,
+            }
+            if logps is not None:
+                choice["logprobs"] = {
+                    "tokens": self.tokenizer.convert_ids_to_tokens(ids),
+                    "token_logprobs": logps,
+                    "top_logprobs": None,
+                }
+            if req.return_token_ids:
+                choice["token_ids"] = ids
+                choice["prompt_token_ids"] = req.prompts[i // req.n]
+            choices.append(choice)
+        prompt_tokens = sum(len(p) for p in req.prompts)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    def _generate(
+        self, prompts: list[list[int]], params: SamplingParams, with_logprobs: bool
+    ) -> list[tuple[list[int], list[float] | None]]:
+        """(token ids up to and including eos, their log-probs) per sample, n per prompt in order."""
+        out = self.rollout.generate(self._prompt_batch(prompts), params)
+        lengths = out["response_mask"].sum(dim=1).tolist()
+        logps = out["rollout_log_probs"].tolist() if with_logprobs else None
+        rows = []
+        for i, (row, length) in enumerate(zip(out["responses"].tolist(), lengths, strict=True)):
+            rows.append((row[: int(length)], logps[i][: int(length)] if logps is not None else None))
+        return rows
+
+    def models(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "lucidrl"}
+            ],
+        }
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _prompt_batch(self, prompts: list[list[int]]) -> Batch:
+        """Left-pad token id lists into `prompts (bs, P)` and `prompt_mask (bs, P)`, as collate does."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+        device = self._device()
+        return Batch(tensors={"prompts": ids.to(device), "prompt_mask": mask.to(device)})
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Seed the sampler for one request without disturbing the process's random state."""
+    if seed is None:
+        yield
+        return
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "lucidrl-serve"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        path = self.path.split("?", 1)[0].rstrip("/")
+        engine = self.server.engine
+        if path == "/health":
+            self._send(200, {"status": "ok", "model": engine.model_name})
+        elif path == "/v1/models":
+            self._send(200, engine.models())
+        else:
+            self._not_found(path)
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path != "/v1/completions":
+            self._not_found(path)
+            return
+        engine = self.server.engine
+        try:
+            req = engine.parse(self._read_json())
+            self._send(200, engine.complete(req))
+        except RequestError as e:
+            self._send(e.status, e.body())
+        except Exception as e:  # a generation failure must reach the client, not just the server log
+            log.error("completion failed:\n%s", traceback.format_exc())
+            self._send(500, error_body(f"{type(e).__name__}: {e}", None, type_="internal_server_error"))
+
+    def _read_json(self) -> Any:
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            raise RequestError("the request needs a Content-Length header and a JSON body", None)
+        if int(length) > MAX_BODY_BYTES:
+            raise RequestError(f"request body of {length} bytes exceeds {MAX_BODY_BYTES}", None, status=413)
+        raw = self.rfile.read(int(length))
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(f"the request body is not valid JSON: {e}", None) from e
+
+    def _not_found(self, path: str) -> None:
+        self._send(
+            404,
+            error_body(
+                f"no route {self.command} {path}; this server has GET /health, GET /v1/models, "
+                "POST /v1/completions",
+                None,
+                type_="not_found_error",
+            ),
+        )
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
+        log.info("%s %s", self.address_string(), format % args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    engine: CompletionEngine
+
+
+class ServerHandle:
+    """Starts and stops a server's serve loop from any thread; stop is idempotent."""
+
+    def __init__(self, server: ThreadingHTTPServer):
+        self.server = server
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    @property
+    def host(self) -> str:
+        return str(self.server.server_address[0])
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> ServerHandle:
+        """Serve in a daemon thread; returns at once."""
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError(f"the server at {self.url} was stopped; make a new one with make_server")
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self.server.serve_forever,
+                    kwargs={"poll_interval": 0.1},
+                    name="lucidrl-serve",
+                    daemon=True,
+                )
+                self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (an in-flight generation is not interrupted)."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            if self._thread is not None:
+                self.server.shutdown()
+                self._thread.join()
+            self.server.server_close()
+
+    def __enter__(self) -> ServerHandle:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and the name localhost (no name is resolved)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def make_server(
+    model_path: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    max_batch: int = 64,
+    allow_non_loopback: bool = False,
+    dtype: torch.dtype = torch.float32,
+    device: str | None = None,
+) -> tuple[ThreadingHTTPServer, ServerHandle]:
+    """Bind a completions server for the HF model folder `model_path`; call handle.start() to serve.
+
+    The socket is bound before the model loads, so a port in use fails at once. `port=0` picks a
+    free port (read it from handle.port). A non-loopback `host` needs `allow_non_loopback=True`.
+    """
+    from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
+
+    if not is_loopback(host) and not allow_non_loopback:
+        raise UsageError(
+            f"refusing to serve on host {host!r}: the server has no authentication, so by default it binds "
+            "to 127.0.0.1 only; pass --host explicitly (allow_non_loopback=True) to expose it on a network"
+        )
+    if max_batch < 1:
+        raise UsageError(f"--max-batch={max_batch} must be >= 1")
+    try:
+        server = _Server((host, port), _Handler, bind_and_activate=True)
+    except OSError as e:
+        raise UsageError(
+            f"cannot listen on {host}:{port} ({e.strerror or e}); pick another port with --port, or "
+            "--port 0 for a free one"
+        ) from e
+    try:
+        tokenizer = load_tokenizer(model_path)
+        model = load_model(model_path, dtype=dtype)
+        check_tokenizer_matches_model(model, tokenizer, model_path)
+        target = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        server.engine = CompletionEngine(model.to(target), tokenizer, model_path, max_batch=max_batch)
+    except BaseException:
+        server.server_close()
+        raise
+    return server, ServerHandle(server)
+
+
+def run_server(
+    model_path: str,
+    host: str | None,
+    port: int,
+    *,
+    max_batch: int = 64,
+    dtype: torch.dtype = torch.float32,
+) -> None:
+    """The `lucidrl serve` command: serve until SIGINT or SIGTERM, then shut down cleanly."""
+    explicit = host is not None
+    host = host or "127.0.0.1"
+    if explicit and not is_loopback(host):
+        print(
+            f"warning: serving on {host}, reachable from other machines; the server has no "
+            "authentication. Use the default 127.0.0.1 unless you mean to expose it.",
+            file=sys.stderr,
+            flush=True,
+        )
+    _, handle = make_server(
+        model_path, host, port, max_batch=max_batch, allow_non_loopback=explicit, dtype=dtype
+    )
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        handle.start()
+        print(
+            f"serving {model_path} at {handle.url} (port {handle.port}): POST /v1/completions, "
+            "GET /v1/models, GET /health. Ctrl-C stops.",
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            pass
+    finally:
+        handle.stop()
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    print("server stopped", flush=True)

@@ -1,0 +1,28 @@
+"""Optimizer, warm-up schedule and gradient clipping shared by actor, critic and SFT."""
+
+from __future__ import annotations
+
+import torch
+
+from lucidrl.config.schema import OptimConfig
+
+
+def build_optimizer(
+    model: torch.nn.Module, cfg: OptimConfig
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trainable parameters, with a linear warm-up over `cfg.warmup_steps` then constant."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    warmup = cfg.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+    )
+    return optimizer, scheduler
+
+
+def clip_grad(model: torch.nn.Module, max_norm: float) -> float:
+    """Clip the global gradient norm and return it (the full norm also when FSDP2 shards the grads)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+        norm = norm.full_tensor()
+    return float(norm)

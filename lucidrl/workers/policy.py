@@ -1,0 +1,162 @@
+"""One rank of the colocated worker: actor, rollout, reference and critic roles in one process.
+
+Which roles a rank hosts comes from the placement (by default all of them, in every rank of the one
+group). With several ranks the actor and critic train data-parallel (FSDP2 or DDP over gloo/NCCL);
+the rollout generates from its own full copy of the actor's weights, refreshed after each update,
+so generation never depends on the other ranks (ranks finish sequences at different times).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+
+import torch
+
+from lucidrl.batch import Batch
+from lucidrl.config import LucidConfig
+from lucidrl.controller.dispatch import Dispatch, dispatch
+from lucidrl.controller.distributed import (
+    DistInfo,
+    full_state_dict,
+    init_process_group,
+    unwrap,
+    wrap_for_training,
+)
+from lucidrl.diagnostics.debug import debug_enabled
+from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
+from lucidrl.models.loading import DTYPES
+from lucidrl.models.saving import save_hf_folder
+from lucidrl.workers.actor import ActorWorker, ReferenceWorker
+from lucidrl.workers.critic import CriticWorker, load_value_model
+from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class PolicyWorker:
+    """The per-rank host of the colocated roles; its methods are what the trainer calls on a group."""
+
+    def __init__(
+        self, cfg: LucidConfig, roles: frozenset[str], device: str = "cpu", dist_info: DistInfo | None = None
+    ):
+        self.cfg = cfg
+        self.roles = roles
+        self.rank = dist_info.rank if dist_info else 0
+        self.world_size = dist_info.world_size if dist_info else 1
+        self.device = device
+        if dist_info is not None and dist_info.world_size > 1:
+            seconds = init_process_group(dist_info)
+            if debug_enabled():
+                print(
+                    f"[lucidrl debug] rank {self.rank}/{self.world_size} joined {dist_info.backend} at "
+                    f"{dist_info.master_addr}:{dist_info.master_port} in {seconds:.2f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        m = cfg.model
+        dtype = DTYPES[m.dtype]
+        self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
+        self.actor = self.rollout = self.reference = self.critic = None
+        sharded = self.world_size > 1
+        if "actor" in roles:
+            model = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code)
+            check_tokenizer_matches_model(model, self.tokenizer, m.path)
+            model.to(self.device)
+            if "reference" in roles:
+                self.reference = ReferenceWorker(
+                    copy.deepcopy(model),
+                    micro_batch_size=cfg.actor.log_prob_micro_batch_size,
+                    temperature=cfg.rollout.temperature,
+                )
+            # with one rank the rollout generates with the actor's own module; with several it gets a
+            # full copy (FSDP2 shards the actor in place)
+            rollout_model = copy.deepcopy(model) if sharded else model
+            train_model = wrap_for_training(model, cfg.trainer.strategy, self.device) if sharded else model
+            self.actor = ActorWorker(
+                train_model,
+                cfg.actor,
+                temperature=cfg.rollout.temperature,
+                samples_per_prompt=cfg.rollout.n,
+                world_size=self.world_size,
+            )
+            self.rollout = HFRollout(
+                rollout_model, self.tokenizer, micro_batch_size=cfg.rollout.micro_batch_size
+            )
+        elif "reference" in roles:
+            ref = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code).to(self.device)
+            self.reference = ReferenceWorker(
+                ref, micro_batch_size=cfg.actor.log_prob_micro_batch_size, temperature=cfg.rollout.temperature
+            )
+        if "critic" in roles:
+            c = cfg.critic
+            value_model = load_value_model(c.model_path or m.path, dtype=dtype).to(self.device)
+            if sharded:
+                value_model = wrap_for_training(value_model, cfg.trainer.strategy, self.device)
+            self.critic = CriticWorker(
+                value_model,
+                c,
+                mini_batch_prompts=c.ppo_mini_batch_size or cfg.actor.ppo_mini_batch_size,
+                samples_per_prompt=cfg.rollout.n,
+                world_size=self.world_size,
+            )
+
+    def _need(self, role: str, what):
+        if what is None:
+            raise RuntimeError(
+                f"this worker (rank {self.rank}) hosts roles {sorted(self.roles)}, not '{role}'"
+            )
+        return what
+
+    @dispatch(Dispatch.DP)
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        return self._need("rollout", self.rollout).generate(prompts, params)
+
+    @dispatch(Dispatch.DP)
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        return self._need("actor", self.actor).compute_log_prob(batch)
+
+    @dispatch(Dispatch.DP)
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        return self._need("reference", self.reference).compute_log_prob(batch)
+
+    @dispatch(Dispatch.DP)
+    def compute_values(self, batch: Batch) -> Batch:
+        return self._need("critic", self.critic).compute_values(batch)
+
+    @dispatch(Dispatch.DP_EXACT)
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        return self._need("actor", self.actor).update(batch)
+
+    @dispatch(Dispatch.DP_EXACT)
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        return self._need("critic", self.critic).update(batch)
+
+    @dispatch(Dispatch.ALL)
+    def sync_rollout(self) -> str:
+        """Give the rollout the actor's new weights (a collective gather when sharded)."""
+        actor = self._need("actor", self.actor)
+        if self.rollout.model is actor.model:
+            return "shared"
+        self.rollout.model.load_state_dict(full_state_dict(actor.model))
+        return "gathered"
+
+    @dispatch(Dispatch.ALL)
+    def save_model(self, path: str) -> str:
+        """Rank 0 writes a HuggingFace folder of the full actor weights (all ranks take part in the gather)."""
+        actor = self._need("actor", self.actor)
+        state = full_state_dict(actor.model)
+        if self.rank == 0:
+            model = self.rollout.model if self.world_size > 1 else unwrap(actor.model)
+            if model is not unwrap(actor.model):
+                model.load_state_dict(state)
+            save_hf_folder(model, self.tokenizer, path)
+        return path
+
+    @dispatch(Dispatch.ALL)
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The actor's full weights (for tests comparing placements)."""
+        return {
+            k: v.detach().clone() for k, v in full_state_dict(self._need("actor", self.actor).model).items()
+        }

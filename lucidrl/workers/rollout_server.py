@@ -1,0 +1,217 @@
+"""Rollout engine over an external OpenAI-compatible completions server (`lucidrl serve`, `vllm serve`).
+
+Same interface as HFRollout: `generate(batch, params)` adds `responses`, `response_mask` and (when
+sampling) `rollout_log_probs`. Prompts go out as token ids and come back as token ids (vLLM's
+`return_token_ids` extension), so nothing is re-tokenized. The server holds its own weights:
+this engine suits evaluation and frozen-policy generation, not on-policy training.
+
+Seeds: `params.seed` is sent as the request's `seed`; lucidrl's server and vLLM then make each
+prompt's samples depend on (seed, prompt) only, whereas HFRollout seeds by (seed, uid), so the two
+engines draw different (each reproducible) samples.
+
+Log-prob caveat: lucidrl's server returns log-probs at the request's temperature, as HFRollout
+does; vLLM's server returns them before temperature unless started with
+`--logprobs-mode processed_logprobs`.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import torch
+
+from lucidrl.batch import Batch
+from lucidrl.workers.rollout_hf import SamplingParams, response_mask_from_ids
+
+
+class RolloutServerError(RuntimeError):
+    """The generation server could not be reached or refused a request; the message names the URL."""
+
+
+class ServerRollout:
+    """Generates through an HTTP completions server at `base_url` (or `host`/`port`)."""
+
+    def __init__(
+        self,
+        base_url: str | None,
+        tokenizer: Any,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        timeout_s: float = 600.0,
+        model_name: str | None = None,
+        eos_ids: list[int] | None = None,
+    ):
+        if (base_url is None) == (host is None or port is None):
+            raise ValueError(
+                f"ServerRollout needs either base_url or both host and port, got base_url={base_url!r}, "
+                f"host={host!r}, port={port!r}"
+            )
+        url = base_url if base_url is not None else f"http://{host}:{port}"
+        url = url.rstrip("/")
+        self.base_url = url[: -len("/v1")] if url.endswith("/v1") else url
+        if timeout_s <= 0:
+            raise ValueError(f"ServerRollout timeout_s={timeout_s} must be > 0 seconds")
+        self.tokenizer = tokenizer
+        self.timeout_s = timeout_s
+        self.pad_id = tokenizer.pad_token_id
+        self.eos_ids = eos_ids if eos_ids is not None else [tokenizer.eos_token_id]
+        if self.pad_id is None or None in self.eos_ids:
+            raise ValueError(
+                f"ServerRollout needs a tokenizer with pad and eos tokens (pad id {self.pad_id}, "
+                f"eos ids {self.eos_ids}); load it with lucidrl.models.load_tokenizer"
+            )
+        self.model_name = self._check_health(model_name)
+
+    def sync_weights(self, model: torch.nn.Module) -> str:
+        """A plain completions server cannot take new weights; this engine cannot follow a trained actor."""
+        raise NotImplementedError(
+            f"the server rollout engine ({self.base_url}) cannot receive the actor's weights: the server "
+            "loaded its own copy of the model, and a plain `lucidrl serve` / `vllm serve` has no weight "
+            "update endpoint. Use it for frozen-policy generation or evaluation; for on-policy training "
+            "use the hf (or vllm) rollout engine, or a server with its own weight-update endpoint."
+        )
+
+    def generate(self, batch: Batch, params: SamplingParams) -> Batch:
+        """Repeat each prompt n times (interleaved) and add responses, response_mask, rollout_log_probs."""
+        prompts = [
+            row[mask.bool()].tolist()
+            for row, mask in zip(batch["prompts"].cpu(), batch["prompt_mask"].cpu(), strict=True)
+        ]
+        payload: dict[str, Any] = {
+            "model": self.model_name,
+            "prompt": prompts,
+            "n": params.n,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature if params.do_sample else 0.0,
+            "top_p": params.top_p if params.do_sample else 1.0,
+            "top_k": params.top_k if params.do_sample else -1,
+            "return_token_ids": True,
+        }
+        if params.do_sample:
+            payload["logprobs"] = 0
+        seed = getattr(params, "seed", None)  # SamplingParams.seed is newer than this engine
+        if seed is not None and params.do_sample:
+            payload["seed"] = seed
+        status, body = self._http("POST", "/v1/completions", payload, purpose="completion request")
+        if status != 200:
+            raise RolloutServerError(
+                f"{self.base_url}/v1/completions answered HTTP {status}: {_error_message(body)}"
+            )
+        ids, logps = self._parse_choices(
+            body, expected=len(prompts) * params.n, want_logprobs=params.do_sample
+        )
+
+        expanded = batch.repeat(params.n, interleave=True) if params.n > 1 else batch
+        device = batch["prompts"].device
+        width = max(1, max(len(x) for x in ids))
+        responses = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
+        lengths = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, row in enumerate(ids):
+            responses[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            lengths[i, : len(row)] = 1
+        mask = lengths * response_mask_from_ids(responses, self.eos_ids)
+        expanded.set("responses", responses.masked_fill(mask == 0, self.pad_id).to(device))
+        expanded.set("response_mask", mask.to(device))
+        if logps is not None:
+            lp = torch.zeros((len(ids), width), dtype=torch.float32)
+            for i, row in enumerate(logps):
+                lp[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+            expanded.set("rollout_log_probs", (lp * mask).to(device))
+        expanded.meta["sampling"] = params
+        return expanded
+
+    # -- HTTP -------------------------------------------------------------------------------------
+
+    def _check_health(self, model_name: str | None) -> str:
+        """GET /health (lucidrl, vLLM), then /v1/models for the model name if still unknown."""
+        status, body = self._http("GET", "/health", purpose="health check")
+        if status not in (200, 404):
+            raise RolloutServerError(
+                f"health check GET {self.base_url}/health answered HTTP {status}: {_error_message(body)}; "
+                "the server is up but not ready (still loading the model?)"
+            )
+        if model_name is None and status == 200 and isinstance(body, dict):
+            model_name = body.get("model")
+        if model_name is not None:
+            return model_name
+        status, body = self._http("GET", "/v1/models", purpose="model listing")
+        data = body.get("data") if isinstance(body, dict) else None
+        if status != 200 or not data or "id" not in data[0]:
+            raise RolloutServerError(
+                f"GET {self.base_url}/v1/models answered HTTP {status} without a model list "
+                f"({_error_message(body)}); is it an OpenAI-compatible server? Pass model_name to skip this."
+            )
+        return str(data[0]["id"])
+
+    def _http(
+        self, method: str, path: str, payload: dict[str, Any] | None = None, *, purpose: str
+    ) -> tuple[int, Any]:
+        """(status, decoded JSON body or raw text); connection failures raise RolloutServerError."""
+        url = self.base_url + path
+        data = json.dumps(payload).encode() if payload is not None else None
+        req = urllib.request.Request(
+            url, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+            reason = e.reason if isinstance(e, urllib.error.URLError) else e
+            raise RolloutServerError(
+                f"{purpose} {method} {url} failed (timeout_s={self.timeout_s}): "
+                f"{type(reason).__name__}: {reason}. Check that the server is running and listening on "
+                f"that host and port (`lucidrl serve MODEL --port PORT` or `vllm serve MODEL --port PORT`), "
+                "and that base_url/host/port point at it; a server still loading its model may need a "
+                "larger timeout_s."
+            ) from e
+        text = raw.decode("utf-8", errors="replace")
+        try:
+            return status, json.loads(text) if text else None
+        except json.JSONDecodeError:
+            return status, text
+
+    def _parse_choices(
+        self, body: Any, *, expected: int, want_logprobs: bool
+    ) -> tuple[list[list[int]], list[list[float]] | None]:
+        where = f"{self.base_url}/v1/completions"
+        choices = body.get("choices") if isinstance(body, dict) else None
+        if not isinstance(choices, list) or len(choices) != expected:
+            got = len(choices) if isinstance(choices, list) else "no"
+            raise RolloutServerError(f"{where} returned {got} choices, expected {expected} (prompts × n)")
+        choices = sorted(choices, key=lambda c: c.get("index", 0))
+        ids, logps = [], []
+        for c in choices:
+            tokens = c.get("token_ids")
+            if not isinstance(tokens, list):
+                raise RolloutServerError(
+                    f"{where} returned a choice without token_ids; the server must support the "
+                    "`return_token_ids` request field (lucidrl serve, or vLLM >= 0.10.2)"
+                )
+            ids.append([int(t) for t in tokens])
+            if want_logprobs:
+                lp = (c.get("logprobs") or {}).get("token_logprobs")
+                if not isinstance(lp, list) or len(lp) != len(tokens) or any(x is None for x in lp):
+                    raise RolloutServerError(
+                        f"{where} returned no per-token logprobs for choice {c.get('index')} "
+                        f"({len(tokens)} tokens) though the request set logprobs=0"
+                    )
+                logps.append([float(x) for x in lp])
+        return ids, (logps if want_logprobs else None)
+
+
+def _error_message(body: Any) -> str:
+    """The message of an OpenAI-style error body ({"error": {"message"}}) or vLLM's older flat one."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            param = err.get("param")
+            return f"{err['message']}" + (f" (param: {param})" if param else "")
+        if "message" in body:
+            return str(body["message"])
+    return str(body)[:500] if body else "(empty body)"

@@ -1,0 +1,132 @@
+"""The controller: dispatch, placement, Ray worker groups, remote errors, dead workers."""
+
+import os
+import signal
+
+import pytest
+import torch
+
+from lucidrl.batch import Batch, BatchError
+from lucidrl.config import ConfigError, load_config
+from lucidrl.controller.dispatch import Dispatch, merge_from_ranks, split_for_ranks
+from lucidrl.controller.errors import RemoteWorkerError, WorkerDiedError
+from lucidrl.controller.placement import plan_groups
+from lucidrl.controller.probe import ProbeWorker
+from lucidrl.controller.worker_group import LocalWorkerGroup
+
+
+def test_dp_dispatch_pads_to_a_divisor_and_unpads():
+    batch = Batch(tensors={"x": torch.arange(5)}, non_tensors={"id": list("abcde")})
+    chunks, pad = split_for_ranks(batch, 2, Dispatch.DP, "m")
+    assert pad == 1 and [c["id"] for c in chunks] == [["a", "b", "c"], ["d", "e", "a"]]
+    back = merge_from_ranks(chunks, pad, Dispatch.DP)
+    assert back["id"] == list("abcde") and back["x"].tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(BatchError, match="5 samples must divide evenly over 2"):
+        split_for_ranks(batch, 2, Dispatch.DP_EXACT, "update_actor")
+    assert merge_from_ranks([{"a": 1.0, "b": 2.0}, {"a": 3.0}], 0, Dispatch.DP_EXACT) == {"a": 2.0, "b": 2.0}
+
+
+def test_local_group_calls_in_process_and_checks_method_names():
+    group = LocalWorkerGroup(ProbeWorker, "probe")
+    out = group.where(Batch(tensors={"x": torch.arange(3)}))
+    assert out["pid"] == [os.getpid()] * 3 and out["rank"] == [0, 0, 0]
+    with pytest.raises(AttributeError, match="no worker method 'nope'.*where"):
+        group.nope()
+
+
+def _placement(*overrides):
+    return load_config(None, ["model.path=m", *overrides])
+
+
+def test_placement_default_colocates_everything_in_one_group():
+    plans = plan_groups(_placement("actor.use_kl_loss=true", "algorithm.adv_estimator=gae"))
+    assert len(plans) == 1 and plans[0].roles == {"actor", "rollout", "reference", "critic"}
+
+
+def test_two_roles_on_one_device_without_colocation_is_an_error_naming_both():
+    with pytest.raises(
+        ConfigError, match=r"roles 'actor' and 'critic' are both placed on global:node0:device0"
+    ):
+        _placement("algorithm.adv_estimator=gae", "placement.colocate=[[actor, rollout, reference]]")
+    with pytest.raises(ConfigError, match=r"roles 'actor' and 'critic' are both placed on cuda:1"):
+        _placement(
+            "algorithm.adv_estimator=gae",
+            "placement.colocate=[[actor, rollout]]",
+            "placement.actor.devices=[cuda:0, cuda:1]",
+            "placement.rollout.devices=[cuda:0, cuda:1]",
+            "placement.critic.devices=[cuda:1]",
+        )
+
+
+def test_separate_pools_and_placement_errors():
+    plans = plan_groups(
+        _placement(
+            "algorithm.adv_estimator=gae",
+            "trainer.backend=ray",
+            "placement.colocate=[[actor, rollout]]",
+            "placement.pools={global: {nodes: 1, devices_per_node: 2}, critic_pool: {nodes: 2, devices_per_node: 1}}",
+            "placement.critic.pool=critic_pool",
+        )
+    )
+    assert {p.name: p.world_size for p in plans} == {"actor+rollout": 2, "critic": 2}
+    with pytest.raises(ConfigError, match="rollout must be colocated with the actor"):
+        _placement(
+            "placement.colocate=[[actor]]",
+            "placement.rollout.pool=other",
+            "placement.pools={global: {}, other: {}}",
+        )
+    with pytest.raises(ConfigError, match="placed differently"):
+        _placement("placement.actor.pool=other", "placement.pools={global: {}, other: {}}")
+    with pytest.raises(ConfigError, match="trainer.backend=local runs one rank.*trainer.backend=ray"):
+        _placement("placement.pools={global: {devices_per_node: 2}}")
+    with pytest.raises(ConfigError, match="placement.actor.pool='gpus' is not a pool"):
+        _placement("placement.actor.pool=gpus")
+    with pytest.raises(ConfigError, match="unknown role 'actr'"):
+        _placement("placement.colocate=[[actr, rollout]]")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    from lucidrl.controller.worker_group import ensure_ray
+
+    ensure_ray(None, num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture()
+def probe_group(ray_cluster):
+    from lucidrl.controller.worker_group import RayWorkerGroup
+
+    group = RayWorkerGroup(ProbeWorker, "probe", world_size=2)
+    yield group
+    group.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_group_dispatches_across_processes_and_reduces(probe_group):
+    out = probe_group.where(Batch(tensors={"x": torch.arange(5)}))
+    assert out["x"].tolist() == [0, 1, 2, 3, 4] and out["rank"] == [0, 0, 0, 1, 1]
+    assert len(set(out["pid"])) == 2 and os.getpid() not in out["pid"]
+    assert probe_group.all_reduce_sum(1.0) == 3.0  # (1+0) + (1+1) through gloo
+    assert probe_group.train_like(Batch(tensors={"x": torch.arange(4)})) == {"samples": 2.0, "rank": 0.5}
+
+
+@pytest.mark.slow
+def test_unpicklable_worker_exception_arrives_with_type_message_and_traceback(probe_group):
+    with pytest.raises(RemoteWorkerError) as info:
+        probe_group.fail("raise")
+    text = str(info.value)
+    assert "lucidrl.controller.probe.TwoArgError: worker-side detail (code 42)" in text
+    assert "role=probe rank=0" in text and "host=" in text
+    assert 'probe.py", line' in text and "raise TwoArgError" in text  # the remote traceback
+    assert info.value.type_name == "TwoArgError"
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_named_not_a_hang(probe_group):
+    pids = probe_group.call("pid")  # ALL returns rank 0's
+    os.kill(pids, signal.SIGKILL)
+    with pytest.raises(WorkerDiedError, match=r"role=probe rank=0 died during 'where'"):
+        probe_group.where(Batch(tensors={"x": torch.arange(2)}))

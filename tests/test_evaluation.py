@@ -1,0 +1,107 @@
+"""`lucidrl eval`: greedy and sampled accuracy per number of people, on the tiny fixtures."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import pyarrow.parquet as pq
+import pytest
+
+from lucidrl.cli import main
+from lucidrl.data.dataset import DatasetError
+from lucidrl.evaluation import EvaluationError, _summarise, evaluate
+
+
+def _people(path: str) -> Counter:
+    return Counter(row["extra_info"]["n_people"] for row in pq.read_table(path).to_pylist())
+
+
+@pytest.fixture(scope="module")
+def result(kk_data, tiny_model):
+    return evaluate(
+        tiny_model["path"], [kk_data["val"]], k=2, temperature=1.0, max_new_tokens=12, batch_size=8, seed=0
+    )
+
+
+def test_counts_keys_and_ranges(result, kk_data):
+    people = _people(kk_data["val"])
+    assert result["n_prompts"] == sum(people.values()) == 8 and result["k"] == 2
+    assert list(result["data_sources"]) == ["kk_logic"]
+    entry = result["data_sources"]["kk_logic"]
+    assert entry["n_prompts"] == 8 and entry["n_prompts_by_people"] == dict(sorted(people.items()))
+    for mode, n in (("greedy", 1), ("sampled", 2)):
+        stats = entry[mode]
+        assert stats["n_samples"] == 8 * n
+        assert list(stats["acc_by_people"]) == sorted(people)
+        for value in [
+            stats["acc"],
+            stats[f"pass_at_{n}"],
+            stats["format_ok"],
+            *stats["acc_by_people"].values(),
+        ]:
+            assert 0.0 <= value <= 1.0
+        assert 1 <= stats["response_length"] <= 12
+        assert -3.0 <= stats["score"] <= 3.0
+    assert set(result["seconds"]) == {"greedy", "sampled"}
+
+
+def test_same_seed_same_numbers_and_limit_keeps_the_first_rows(result, kk_data, tiny_model):
+    again = evaluate(
+        tiny_model["path"], [kk_data["val"]], k=2, max_new_tokens=12, batch_size=3, seed=0, limit=3
+    )
+    entry = again["data_sources"]["kk_logic"]
+    assert again["n_prompts"] == 3 and entry["n_prompts_by_people"] == {2: 2, 3: 1}
+    assert entry["greedy"]["n_samples"] == 3 and entry["sampled"]["n_samples"] == 6
+    # greedy decoding is deterministic: another k and sampling seed leave it unchanged
+    other = evaluate(
+        tiny_model["path"], [kk_data["val"]], k=1, max_new_tokens=12, batch_size=3, seed=5, limit=3
+    )
+    assert other["data_sources"]["kk_logic"]["greedy"] == entry["greedy"]
+
+
+def test_summary_arithmetic():
+    # 2 prompts x 3 samples: prompt 0 (2 people) right once, prompt 1 (3 people) never.
+    per_sample = {
+        "prompt": [0, 0, 0, 1, 1, 1],
+        "data_source": ["kk_logic"] * 6,
+        "n_people": [2, 2, 2, 3, 3, 3],
+        "score": [3.0, -0.5, -0.5, -1.0, -3.0, -3.0],
+        "acc": [1.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        "format_ok": [1.0, 1.0, 1.0, 1.0, 0.0, 0.0],
+        "length": [10.0, 12.0, 14.0, 20.0, 30.0, 40.0],
+    }
+    stats = _summarise(per_sample, list(range(6)), 3)
+    assert stats["acc"] == pytest.approx(1 / 6)
+    assert stats["acc_by_people"] == {2: pytest.approx(1 / 3), 3: 0.0}
+    assert stats["pass_at_3"] == 0.5 and stats["format_ok"] == pytest.approx(4 / 6)
+    assert stats["score"] == pytest.approx(-5 / 6) and stats["response_length"] == 21.0
+    no_format = dict(per_sample, format_ok=[math.nan] * 6)
+    assert _summarise(no_format, [0, 1, 2], 3)["format_ok"] is None
+
+
+def test_cli_prints_the_table_and_writes_json(kk_data, tiny_model, tmp_path, capsys):
+    out = tmp_path / "eval" / "result.json"
+    argv = ["eval", tiny_model["path"], "--data", kk_data["val"], "--k", "2", "--max-new-tokens", "8"]
+    assert main([*argv, "--limit", "4", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for text in ("greedy", "sampled@2", "2 people", "3 people", "overall", "format", "length"):
+        assert text in printed
+    saved = json.loads(out.read_text())
+    assert saved["n_prompts"] == 4 and saved["max_new_tokens"] == 8
+    assert saved["data_sources"]["kk_logic"]["n_prompts_by_people"] == {"2": 2, "3": 2}
+
+
+def test_missing_model_bad_flags_and_overlong_prompts_are_clean_errors(kk_data, tiny_model, tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "no-model"), "--data", kk_data["val"]]) == 2
+    err = capsys.readouterr().err
+    assert "no-model" in err and "does not exist" in err
+    assert main(["eval", tiny_model["path"], "--data", kk_data["val"], "--k", "0"]) == 2
+    assert "--k=0" in capsys.readouterr().err
+    assert main(["eval", tiny_model["path"], "--data", str(tmp_path / "none.parquet")]) == 2
+    assert "none.parquet' does not exist" in capsys.readouterr().err
+    with pytest.raises(EvaluationError, match="--temperature=0"):
+        evaluate(tiny_model["path"], [kk_data["val"]], temperature=0)
+    with pytest.raises(DatasetError, match=r"val.parquet:0: the prompt is \d+ tokens.*--max-new-tokens=1000"):
+        evaluate(tiny_model["path"], [kk_data["val"]], max_new_tokens=1000)

@@ -1,0 +1,150 @@
+"""`lucidrl serve` and the server rollout engine, against the tiny model on a loopback port."""
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from lucidrl.data.dataset import collate, load_prompts
+from lucidrl.diagnostics.errors import UsageError
+from lucidrl.models import load_model
+from lucidrl.serving.server import make_server
+from lucidrl.workers.forward import response_log_probs
+from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+from lucidrl.workers.rollout_server import RolloutServerError, ServerRollout
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model):
+    server, handle = make_server(str(tiny_model["path"]), "127.0.0.1", 0)
+    handle.start()
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def local_model(tiny_model):
+    return load_model(tiny_model["path"]).eval()
+
+
+def _prompts(kk_data, tok, k=3):
+    samples, _ = load_prompts([kk_data["train"]], tok, max_prompt_length=2048)
+    return collate(samples[:k], tok.pad_token_id)
+
+
+def _call(url, payload=None):
+    data = json.dumps(payload).encode() if isinstance(payload, dict) else payload
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_health_and_models(served, tiny_model):
+    assert _call(served.url + "/health") == (200, {"status": "ok", "model": str(tiny_model["path"])})
+    status, body = _call(served.url + "/v1/models")
+    assert status == 200 and body["data"][0]["id"] == str(tiny_model["path"])
+
+
+def test_greedy_through_the_server_equals_hf_rollout(served, kk_data, local_model, tiny_tokenizer):
+    batch = _prompts(kk_data, tiny_tokenizer)
+    params = SamplingParams(n=1, do_sample=False, max_new_tokens=16)
+    local = HFRollout(local_model, tiny_tokenizer).generate(batch, params)
+    remote = ServerRollout(served.url, tiny_tokenizer, timeout_s=30).generate(batch, params)
+    assert torch.equal(remote["responses"], local["responses"])
+    assert torch.equal(remote["response_mask"], local["response_mask"])
+    assert "rollout_log_probs" not in remote and remote["uid"] == batch["uid"]
+    assert remote["response_mask"].sum() > 3  # real responses, not an immediate eos
+
+
+def test_sampled_logprobs_match_a_local_forward_at_the_same_temperature(
+    served, kk_data, local_model, tiny_tokenizer
+):
+    batch = _prompts(kk_data, tiny_tokenizer, k=2)
+    rollout = ServerRollout(None, tiny_tokenizer, host="127.0.0.1", port=served.port, timeout_s=30)
+    out = rollout.generate(batch, SamplingParams(n=3, temperature=0.7, max_new_tokens=20))
+    assert len(out) == 6 and out["uid"] == ["p0"] * 3 + ["p1"] * 3
+    assert torch.equal(out["prompts"][0], out["prompts"][2]) and out["responses"].shape[1] <= 20
+    mask = out["response_mask"]
+    assert torch.all(out["responses"][mask == 0] == tiny_tokenizer.pad_token_id)
+    with torch.no_grad():
+        lp, _ = response_log_probs(local_model, out, temperature=0.7, with_entropy=False)
+    assert (lp - out["rollout_log_probs"])[mask.bool()].abs().max() < 1e-4
+    assert torch.all(out["rollout_log_probs"][mask == 0] == 0)
+
+
+def test_raw_completion_n_seed_and_string_prompt(served, tiny_tokenizer):
+    payload = {"prompt": "Who is a knight?", "max_tokens": 8, "temperature": 1.0, "n": 3, "seed": 7}
+    payload.update(logprobs=0, return_token_ids=True)
+    status, body = _call(served.url + "/v1/completions", payload)
+    assert status == 200 and [c["index"] for c in body["choices"]] == [0, 1, 2]
+    for c in body["choices"]:
+        assert c["finish_reason"] in ("stop", "length") and len(c["token_ids"]) <= 8
+        assert len(c["logprobs"]["token_logprobs"]) == len(c["token_ids"])
+        assert c["text"] == tiny_tokenizer.decode(c["token_ids"], skip_special_tokens=True)
+        assert c["prompt_token_ids"] == tiny_tokenizer("Who is a knight?")["input_ids"]
+    assert body["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in body["choices"])
+    # the same seed gives the same samples; without return_token_ids there are none in the reply
+    again = _call(served.url + "/v1/completions", payload)[1]
+    assert [c["token_ids"] for c in again["choices"]] == [c["token_ids"] for c in body["choices"]]
+    # a seeded prompt's samples do not depend on the other prompts of the request
+    ids = body["choices"][0]["prompt_token_ids"]
+    pair = _call(served.url + "/v1/completions", {**payload, "prompt": [ids, [5, 6, 7]]})[1]
+    assert [c["token_ids"] for c in pair["choices"][:3]] == [c["token_ids"] for c in body["choices"]]
+    plain = _call(
+        served.url + "/v1/completions", {"prompt": [[5, 6], [7]], "max_tokens": 4, "temperature": 0}
+    )
+    assert len(plain[1]["choices"]) == 2 and "token_ids" not in plain[1]["choices"][0]
+
+
+@pytest.mark.parametrize(
+    ("payload", "param", "words"),
+    [
+        ({"max_tokens": 4}, "prompt", "missing"),
+        ({"prompt": "hi", "max_tokens": "ten"}, "max_tokens", "integer"),
+        ({"prompt": "hi", "temperature": -1}, "temperature", "-1"),
+        ({"prompt": [[1, 2], [10**9]]}, "prompt", "1000000000"),
+        ({"prompt": "hi", "n": 0}, "n", "n=0"),
+        ({"prompt": "hi", "stop": ["\n"]}, "stop", "not supported"),
+        ({"prompt": "hi", "logprobs": 5}, "logprobs", "logprobs=5"),
+        ({"prompt": "hi", "frobnicate": 1}, "frobnicate", "unknown field"),
+        (b"{not json", None, "not valid JSON"),
+    ],
+)
+def test_bad_requests_are_400_naming_the_field(served, payload, param, words):
+    status, body = _call(served.url + "/v1/completions", payload)
+    assert status == 400 and body["error"]["param"] == param and words in body["error"]["message"]
+    assert body["error"]["type"] == "invalid_request_error"
+
+
+def test_wrong_model_is_404_and_server_errors_reach_the_rollout(served, kk_data, tiny_tokenizer):
+    status, body = _call(served.url + "/v1/completions", {"model": "gpt-9", "prompt": "hi"})
+    assert status == 404 and body["error"]["param"] == "model" and "gpt-9" in body["error"]["message"]
+    rollout = ServerRollout(served.url + "/v1", tiny_tokenizer, timeout_s=30)
+    with pytest.raises(RolloutServerError, match=r"HTTP 400: max_tokens=0 must be >= 1"):
+        rollout.generate(_prompts(kk_data, tiny_tokenizer, k=1), SamplingParams(max_new_tokens=0))
+    with pytest.raises(NotImplementedError, match="frozen-policy generation or evaluation"):
+        rollout.sync_weights(torch.nn.Linear(1, 1))
+
+
+def test_closed_port_fails_fast_naming_the_url(tiny_tokenizer):
+    with socket.socket() as s:  # a port that was free a moment ago and has no listener now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(RolloutServerError) as err:
+        ServerRollout(f"http://127.0.0.1:{port}", tiny_tokenizer, timeout_s=5)
+    assert time.monotonic() - start < 3
+    assert f"http://127.0.0.1:{port}/health" in str(err.value) and "timeout_s=5" in str(err.value)
+    assert "lucidrl serve" in str(err.value)
+
+
+def test_server_refuses_non_loopback_hosts_by_default(tiny_model):
+    with pytest.raises(UsageError, match="refusing to serve on host '0.0.0.0'.*--host"):
+        make_server(str(tiny_model["path"]), "0.0.0.0", 0)
