@@ -1,8 +1,9 @@
 """Step time of the same GRPO training on three placements, side by side from one run:
 
   local        the trainer's own process (the default)
-  ray x1       one Ray actor rank
-  ray x2       two Ray actor ranks, FSDP2 over gloo (data parallel)
+  ray x1       one Ray actor rank (1 CPU, 1 torch thread)
+  ray x1 2cpu  one Ray actor rank with 2 CPUs and 2 threads, like local: the cost of the Ray hop alone
+  ray x2       two Ray actor ranks of 1 CPU each, FSDP2 over gloo (data parallel)
 
 Prints the median step time (steps after the first), its ratio to local, the per-stage medians,
 and the wall time of the whole command (Ray start-up included). Runs are interleaved (A B C A B C)
@@ -32,6 +33,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info):
 PLACEMENTS = {
     "local": [],
     "ray x1": ["trainer.backend=ray"],
+    "ray x1 2cpu": ["trainer.backend=ray", "trainer.cpus_per_rank=2"],
     "ray x2": ["trainer.backend=ray", "placement.pools={global: {nodes: 1, devices_per_node: 2}}"],
 }
 STAGES = ["gen", "reward", "old_log_prob", "ref", "update_actor", "sync_weights"]
@@ -106,7 +108,7 @@ def main() -> None:
                 for s in STAGES:
                     results[name].setdefault(s, []).extend(r[s])
                 print(
-                    f"  {name:7s} repeat {rep}: median step {statistics.median(r['step']):.3f}s, "
+                    f"  {name:11s} repeat {rep}: median step {statistics.median(r['step']):.3f}s, "
                     f"command {r['wall']:.1f}s",
                     flush=True,
                 )
@@ -116,7 +118,7 @@ def main() -> None:
         f"32 new tokens, KL loss; {args.steps - 1} timed steps x {args.repeats} repeats each\n"
     )
     head = (
-        f"{'placement':9s} {'step s':>7s} {'x local':>8s} "
+        f"{'placement':11s} {'step s':>7s} {'x local':>8s} "
         + " ".join(f"{s:>12s}" for s in STAGES)
         + f" {'command s':>10s}"
     )
@@ -125,7 +127,7 @@ def main() -> None:
     for name, r in results.items():
         med = statistics.median(r["step"])
         stages = " ".join(f"{statistics.median(r[s]):12.3f}" for s in STAGES)
-        print(f"{name:9s} {med:7.3f} {med / base:8.2f} {stages} {statistics.median(r['wall']):10.1f}")
+        print(f"{name:11s} {med:7.3f} {med / base:8.2f} {stages} {statistics.median(r['wall']):10.1f}")
 
 
 if __name__ == "__main__":

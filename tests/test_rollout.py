@@ -56,3 +56,43 @@ def test_sampling_respects_top_k_one(kk_data, tiny_model, tiny_tokenizer):
         batch, SamplingParams(n=1, do_sample=True, temperature=1.5, top_k=1, max_new_tokens=12)
     )
     assert torch.equal(greedy["responses"], topk1["responses"])
+
+
+def test_lucidrl_decode_loop_matches_transformers_generate_greedy(kk_data, tiny_model, tiny_tokenizer):
+    """Shared-prefix prefill, batch compaction and left padding change nothing in what is generated."""
+    model = load_model(tiny_model["path"])
+    batch = _prompts(kk_data, tiny_tokenizer, k=4)
+    params = SamplingParams(n=3, do_sample=False, max_new_tokens=20)
+    ours = HFRollout(model, tiny_tokenizer, decode_loop="lucidrl").generate(batch, params)
+    theirs = HFRollout(model, tiny_tokenizer, decode_loop="transformers").generate(batch, params)
+    assert torch.equal(ours["responses"], theirs["responses"])
+    assert torch.equal(ours["response_mask"], theirs["response_mask"])
+
+
+def test_decode_loop_stops_rows_at_eos_and_compacts(kk_data, tiny_model, tiny_tokenizer):
+    from lucidrl.workers.decode import sample_group
+
+    model = load_model(tiny_model["path"])
+    batch = _prompts(kk_data, tiny_tokenizer, k=2)
+    torch.manual_seed(0)
+    # every token is an eos candidate: list all ids as eos, so every row ends on its first token
+    resp, lp = sample_group(
+        model,
+        batch["prompts"],
+        batch["prompt_mask"],
+        n=4,
+        max_new_tokens=10,
+        eos_ids=list(range(tiny_tokenizer.vocab_size)),
+        pad_id=0,
+    )
+    assert resp.shape == (8, 1) and torch.all(lp < 0)
+
+
+def test_filter_logits_top_k_and_top_p():
+    from lucidrl.workers.decode import filter_logits
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(filter_logits(logits, 2, 1.0)).tolist() == [[False, False, True, True]]
+    # top_p=0.8: 0.5 + 0.3 reach 0.8, so the third and fourth tokens go
+    assert torch.isinf(filter_logits(logits, -1, 0.8)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, -1, 0.81)).tolist() == [[False, False, False, True]]

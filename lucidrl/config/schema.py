@@ -52,6 +52,9 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1  # -1: no top-k filtering
     micro_batch_size: int = 64  # sequences per generate call
+    # "lucidrl": own loop, each prompt prefilled once for its n samples, finished rows dropped;
+    # "transformers": model.generate (every copy of a prompt prefilled, finished rows kept)
+    decode_loop: Literal["lucidrl", "transformers"] = "lucidrl"
     # generate each prompt's samples alone, from an RNG seeded by (trainer.seed, step, prompt): the same
     # samples whatever the batching or the number of data-parallel ranks (slower: smaller generate calls)
     deterministic: bool = False
@@ -73,6 +76,11 @@ class ActorConfig:
     ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
     ppo_micro_batch_size: int = 8  # samples per forward/backward (gradient accumulation)
     log_prob_micro_batch_size: int = 16  # samples per forward when computing log-probs
+    # when the update is provably on-policy (one epoch, one mini-batch per step) the rollout's sampling
+    # log-probs are the old log-probs: skip the extra forward. False: always recompute them
+    reuse_rollout_log_probs: bool = True
+    # run each prompt once for all its samples in log-prob and update forwards (same numbers, fewer FLOPs)
+    share_prompt_forward: bool = True
     ppo_epochs: int = 1
     policy_loss: str = "vanilla"
     clip_ratio_low: float = 0.2

@@ -93,6 +93,12 @@ class PPOTrainer:
             if cfg.algorithm.use_kl_in_reward
             else None
         )
+        a = cfg.actor
+        self.on_policy = (
+            a.reuse_rollout_log_probs
+            and a.ppo_epochs == 1
+            and a.ppo_mini_batch_size == cfg.data.train_batch_size
+        )
         self.global_step = 0
         self.last_val: dict[str, float] = {}
         self.first_val: dict[str, float] = {}
@@ -130,8 +136,11 @@ class PPOTrainer:
         with timer("step", t):
             batch, metrics = self.collector.collect(t)  # rollout.generate + rewards.score (+ DAPO filter)
             debug_hop("rollout + reward -> trainer", batch)
-            with timer("old_log_prob", t):
-                batch.update(w.actor.compute_log_prob(batch))
+            if self.on_policy and "rollout_log_probs" in batch:
+                batch.set("old_log_probs", batch["rollout_log_probs"])  # the same weights sampled them
+            else:
+                with timer("old_log_prob", t):
+                    batch.update(w.actor.compute_log_prob(batch))
             if w.reference is not None:
                 with timer("ref", t):
                     batch.update(w.reference.compute_ref_log_prob(batch))

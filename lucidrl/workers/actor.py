@@ -21,8 +21,11 @@ class NonFiniteLossError(FloatingPointError):
 class ReferenceWorker:
     """A frozen copy of the initial policy, for the KL term."""
 
-    def __init__(self, model: torch.nn.Module, *, micro_batch_size: int, temperature: float):
+    def __init__(
+        self, model: torch.nn.Module, *, micro_batch_size: int, temperature: float, share_prompt: bool = True
+    ):
         self.model = model.eval().requires_grad_(False)
+        self.share_prompt = share_prompt
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
 
@@ -30,7 +33,13 @@ class ReferenceWorker:
     def compute_log_prob(self, batch: Batch) -> Batch:
         """Batch with `ref_log_probs (bs, R)`."""
         parts = [
-            response_log_probs(self.model, mb, temperature=self.temperature, with_entropy=False)[0]
+            response_log_probs(
+                self.model,
+                mb,
+                temperature=self.temperature,
+                with_entropy=False,
+                share_prompt=self.share_prompt,
+            )[0]
             for mb in batch.split(self.micro_batch_size)
         ]
         return Batch(tensors={"ref_log_probs": torch.cat(parts) * batch["response_mask"]})
@@ -65,7 +74,13 @@ class ActorWorker:
         lps, ents = [], []
         try:
             for mb in batch.split(self.cfg.log_prob_micro_batch_size):
-                lp, ent = response_log_probs(self.model, mb, temperature=self.temperature, with_entropy=True)
+                lp, ent = response_log_probs(
+                    self.model,
+                    mb,
+                    temperature=self.temperature,
+                    with_entropy=True,
+                    share_prompt=self.cfg.share_prompt_forward,
+                )
                 lps.append(lp)
                 ents.append(ent)
         finally:
@@ -77,7 +92,11 @@ class ActorWorker:
         cfg = self.cfg
         mask = ub["response_mask"]
         log_prob, entropy = response_log_probs(
-            self.model, ub, temperature=self.temperature, with_entropy=True
+            self.model,
+            ub,
+            temperature=self.temperature,
+            with_entropy=True,
+            share_prompt=cfg.share_prompt_forward,
         )
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=ub["old_log_probs"],

@@ -69,6 +69,7 @@ class PolicyWorker:
                     copy.deepcopy(model),
                     micro_batch_size=cfg.actor.log_prob_micro_batch_size,
                     temperature=cfg.rollout.temperature,
+                    share_prompt=cfg.actor.share_prompt_forward,
                 )
             # with one rank the rollout generates with the actor's own module; with several it gets a
             # full copy (FSDP2 shards the actor in place)
@@ -87,7 +88,10 @@ class PolicyWorker:
         elif "reference" in roles:
             ref = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code).to(self.device)
             self.reference = ReferenceWorker(
-                ref, micro_batch_size=cfg.actor.log_prob_micro_batch_size, temperature=cfg.rollout.temperature
+                ref,
+                micro_batch_size=cfg.actor.log_prob_micro_batch_size,
+                temperature=cfg.rollout.temperature,
+                share_prompt=cfg.actor.share_prompt_forward,
             )
         if "critic" in roles:
             c = cfg.critic

@@ -10,6 +10,7 @@ from transformers import GenerationConfig
 
 from lucidrl.algos import logprobs_from_logits
 from lucidrl.batch import Batch
+from lucidrl.workers.decode import sample_group
 
 
 @dataclass
@@ -36,9 +37,18 @@ def response_mask_from_ids(responses: torch.Tensor, eos_ids: list[int]) -> torch
 
 
 class HFRollout:
-    """Generates with the actor's own module (colocated in-process: weights are shared, sync is free)."""
+    """Generates with a HF causal LM in this process (colocated with the actor: weights are shared).
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, micro_batch_size: int = 64):
+    `decode_loop="lucidrl"` (default) uses lucidrl's loop (each prompt prefilled once for its n
+    samples, finished rows dropped: lucidrl.workers.decode); "transformers" calls `model.generate`.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, tokenizer, *, micro_batch_size: int = 64, decode_loop: str = "lucidrl"
+    ):
+        if decode_loop not in ("lucidrl", "transformers"):
+            raise ValueError(f"rollout.decode_loop must be 'lucidrl' or 'transformers', got {decode_loop!r}")
+        self.decode_loop = decode_loop
         self.model = model
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
@@ -64,6 +74,51 @@ class HFRollout:
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         """Repeat each prompt n times (interleaved) and add responses, response_mask, rollout_log_probs."""
         expanded = batch.repeat(params.n, interleave=True) if params.n > 1 else batch
+        per_prompt = params.seed is not None
+        prompts_per_call = 1 if per_prompt else max(1, self.micro_batch_size // params.n)
+        was_training = self.model.training
+        self.model.eval()
+        outs, logps = [], []
+        try:
+            for chunk in batch.split(prompts_per_call):
+                if per_prompt:
+                    chunk = _strip_left_padding(chunk)
+                    torch.manual_seed(params.seed + zlib.crc32(str(chunk["uid"][0]).encode()))
+                resp, lp = self._decode(chunk["prompts"], chunk["prompt_mask"], params)
+                outs.append(resp)
+                logps.append(lp)
+        finally:
+            self.model.train(was_training)
+        width = max(o.shape[1] for o in outs)
+        responses = torch.cat([_pad_right(o, width, self.pad_id) for o in outs])
+        mask = response_mask_from_ids(responses, self.eos_ids)
+        responses = responses.masked_fill(mask == 0, self.pad_id)
+        expanded.set("responses", responses)
+        expanded.set("response_mask", mask)
+        if params.do_sample:
+            lp = torch.cat([_pad_right(x, width, 0.0) for x in logps])
+            expanded.set("rollout_log_probs", lp * mask)
+        expanded.meta["sampling"] = params
+        return expanded
+
+    def _decode(
+        self, prompts: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """n samples per prompt, interleaved: (bs*n, R) token ids and sampling log-probs."""
+        if self.decode_loop == "lucidrl":
+            return sample_group(
+                self.model,
+                prompts,
+                prompt_mask,
+                n=params.n,
+                max_new_tokens=params.max_new_tokens,
+                eos_ids=self.eos_ids,
+                pad_id=self.pad_id,
+                do_sample=params.do_sample,
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+            )
         gen_cfg = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
             do_sample=params.do_sample,
@@ -76,38 +131,15 @@ class HFRollout:
             return_dict_in_generate=True,
             output_logits=params.do_sample,
         )
-        was_training = self.model.training
-        self.model.eval()
-        outs, logps = [], []
-        per_prompt = params.seed is not None
-        try:
-            for chunk in expanded.split(params.n if per_prompt else self.micro_batch_size):
-                if per_prompt:
-                    chunk = _strip_left_padding(chunk)
-                    torch.manual_seed(params.seed + zlib.crc32(str(chunk["uid"][0]).encode()))
-                out = self.model.generate(
-                    input_ids=chunk["prompts"],
-                    attention_mask=chunk["prompt_mask"],
-                    generation_config=gen_cfg,
-                )
-                resp = out.sequences[:, chunk["prompts"].shape[1] :]
-                outs.append(resp)
-                if params.do_sample:
-                    logits = torch.stack(out.logits, dim=1).float() / params.temperature
-                    logps.append(logprobs_from_logits(logits, resp))
-        finally:
-            self.model.train(was_training)
-        width = max(o.shape[1] for o in outs)
-        responses = torch.cat([_pad_right(o, width, self.pad_id) for o in outs])
-        mask = response_mask_from_ids(responses, self.eos_ids)
-        responses = responses.masked_fill(mask == 0, self.pad_id)
-        expanded.set("responses", responses)
-        expanded.set("response_mask", mask)
-        if logps:
-            lp = torch.cat([_pad_right(x, width, 0.0) for x in logps])
-            expanded.set("rollout_log_probs", lp * mask)
-        expanded.meta["sampling"] = params
-        return expanded
+        if params.n > 1:
+            prompts = prompts.repeat_interleave(params.n, dim=0)
+            prompt_mask = prompt_mask.repeat_interleave(params.n, dim=0)
+        out = self.model.generate(input_ids=prompts, attention_mask=prompt_mask, generation_config=gen_cfg)
+        resp = out.sequences[:, prompts.shape[1] :]
+        if not params.do_sample:
+            return resp, torch.zeros(resp.shape, dtype=torch.float32)
+        logits = torch.stack(out.logits, dim=1).float() / params.temperature
+        return resp, logprobs_from_logits(logits, resp)
 
 
 def _strip_left_padding(chunk: Batch) -> Batch:

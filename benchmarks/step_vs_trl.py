@@ -1,0 +1,216 @@
+"""One GRPO step, lucidrl against TRL's GRPOTrainer, side by side from one run.
+
+The same tiny Qwen2 (hidden 256, 4 layers, built locally), the same 64 Knights & Knaves prompts,
+8 samples each, up to 128 new tokens, one optimizer step per generation batch (64 prompts x 8 =
+512 completions, micro-batches of 64), no KL term, the same toy reward. Runs alternate
+(lucidrl, TRL, lucidrl, TRL, ...), each in a fresh process that reports its own peak RSS. Printed:
+median seconds per step (the first step of each run is warm-up and not counted), generation
+tokens/s, peak RSS, and the ratios. Also the decode roofline: the measured fp32 matmul rate of this
+machine divided by the model's FLOPs per generated token.
+
+    .venv/bin/python benchmarks/step_vs_trl.py [--steps 3] [--repeats 2] [--trl-bf16 both|on|off]
+
+TRL is a benchmark dependency only: `pip install -c constraints.txt trl==1.16.0`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+N_PROMPTS, N_SAMPLES, MAX_NEW, MICRO = 64, 8, 128, 64
+LR = 1e-5
+
+
+def toy_reward_text(text: str) -> float:
+    text = text.removeprefix("<think>")
+    return text.count("e") / max(len(text), 1)
+
+
+REWARD_FILE = """
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    text = solution_str.removeprefix("<think>")
+    return text.count("e") / max(len(text), 1)
+"""
+
+
+def prepare(work: Path) -> dict[str, str]:
+    from lucidrl.data.kk import write_kk_parquet
+    from lucidrl.models import build_tiny_model
+    from lucidrl.trainer.demo import kk_tokenizer_corpus
+
+    data = write_kk_parquet(work / "data", people=(2, 4), n_train=N_PROMPTS, n_val=1, seed=0)
+    model = build_tiny_model(work / "model", kk_tokenizer_corpus(0), hidden_size=256, num_layers=4, seed=0)
+    (work / "reward.py").write_text(REWARD_FILE)
+    return {"train": data["train"], "model": model["path"], "reward": str(work / "reward.py"),
+            "params": model["num_parameters"]}
+
+
+# -- workers: each runs in its own process and prints one JSON line -------------------------------------
+
+
+def worker_lucidrl(work: Path, steps: int, extra: list[str]) -> dict:
+    from lucidrl.config import load_config
+    from lucidrl.trainer.ppo import PPOTrainer
+
+    prep = json.loads((work / "prep.json").read_text())
+    run = work / f"lucidrl_{time.time_ns()}"
+    cfg = load_config(None, [
+        f"model.path={prep['model']}", f"data.train_files=[{prep['train']}]", "data.val_files=[]",
+        f"data.train_batch_size={N_PROMPTS}", f"data.max_response_length={MAX_NEW}", f"rollout.n={N_SAMPLES}",
+        f"actor.ppo_mini_batch_size={N_PROMPTS}", f"actor.ppo_micro_batch_size={MICRO}",
+        f"actor.log_prob_micro_batch_size={MICRO}", f"actor.optim.lr={LR}", "actor.use_kl_loss=false",
+        f"trainer.total_training_steps={steps}", "trainer.val_before_train=false", "trainer.save_final_model=false",
+        f"trainer.run_dir={run}", "trainer.logger=[jsonl]", f"reward.custom_function.path={prep['reward']}",
+        *extra,
+    ])
+    PPOTrainer(cfg).fit()
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "step_s": [r["timing_s/step"] for r in records],
+        "gen_s": [r["timing_s/gen"] for r in records],
+        "gen_tokens": [r["response_length/mean"] * N_PROMPTS * N_SAMPLES for r in records],
+    }
+
+
+def worker_trl(work: Path, steps: int, bf16: bool) -> dict:
+    import datasets
+    import pyarrow.parquet as pq
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    prep = json.loads((work / "prep.json").read_text())
+    rows = pq.read_table(prep["train"]).to_pylist()
+    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"]} for r in rows])
+    tok = AutoTokenizer.from_pretrained(prep["model"])
+    model = AutoModelForCausalLM.from_pretrained(prep["model"])
+    gen = {"s": 0.0, "tokens": 0}
+    original = model.generate
+
+    def timed_generate(*args, **kwargs):
+        start = time.perf_counter()
+        out = original(*args, **kwargs)
+        gen["s"] += time.perf_counter() - start
+        prompt_len = (kwargs.get("input_ids") if "input_ids" in kwargs else args[0]).shape[1]
+        completion = out[:, prompt_len:] if not hasattr(out, "sequences") else out.sequences[:, prompt_len:]
+        done = (completion == tok.eos_token_id).cumsum(1) - (completion == tok.eos_token_id).long()
+        gen["tokens"] += int((done == 0).sum())
+        return out
+
+    model.generate = timed_generate
+
+    def reward(prompts, completions, **kwargs):
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [toy_reward_text(t) for t in texts]
+
+    times, gens, toks = [], [], []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.start = time.perf_counter()
+            gen["s"], gen["tokens"] = 0.0, 0
+
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter() - self.start)
+            gens.append(gen["s"])
+            toks.append(gen["tokens"])
+
+    config = GRPOConfig(
+        output_dir=str(work / f"trl_{time.time_ns()}"), use_cpu=True, bf16=bf16, max_steps=steps,
+        per_device_train_batch_size=MICRO, gradient_accumulation_steps=N_PROMPTS * N_SAMPLES // MICRO,
+        num_generations=N_SAMPLES, max_completion_length=MAX_NEW, learning_rate=LR, beta=0.0,
+        temperature=1.0, top_p=1.0, top_k=0, report_to="none", save_strategy="no", logging_steps=1,
+        dataloader_num_workers=0, disable_tqdm=True, seed=0,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
+                          processing_class=tok, callbacks=[Timer()])
+    trainer.train()
+    return {"step_s": times, "gen_s": gens, "gen_tokens": toks}
+
+
+def matmul_gflops() -> float:
+    import torch
+
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(5):
+        a @ b
+    return 5 * 2 * 2048**3 / (time.perf_counter() - start) / 1e9
+
+
+def run_worker(work: Path, kind: str, steps: int, extra: str) -> dict:
+    cmd = [sys.executable, __file__, "--worker", kind, "--work", str(work), "--steps", str(steps), "--extra", extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    if proc.returncode:
+        sys.exit(f"{kind} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=3, help="steps per run; the first is warm-up")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--trl-bf16", choices=["both", "on", "off"], default="both")
+    p.add_argument("--lucidrl-extra", default="", help="space-separated overrides for lucidrl (ablations)")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--work", help=argparse.SUPPRESS)
+    p.add_argument("--extra", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        work = Path(args.work)
+        if args.worker == "lucidrl":
+            out = worker_lucidrl(work, args.steps, args.extra.split())
+        else:
+            out = worker_trl(work, args.steps, bf16=args.worker == "trl-bf16")
+        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(out))
+        return
+
+    kinds = ["lucidrl"] + {"both": ["trl-fp32", "trl-bf16"], "on": ["trl-bf16"], "off": ["trl-fp32"]}[args.trl_bf16]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        prep = prepare(work)
+        (work / "prep.json").write_text(json.dumps(prep))
+        gflops = matmul_gflops()
+        results: dict[str, dict[str, list[float]]] = {k: {"step": [], "tps": [], "rss": []} for k in kinds}
+        for rep in range(args.repeats):
+            for kind in kinds:
+                r = run_worker(work, kind, args.steps, args.lucidrl_extra if kind == "lucidrl" else "")
+                steps = r["step_s"][1:]
+                tps = [t / g for t, g in zip(r["gen_tokens"][1:], r["gen_s"][1:], strict=True) if g > 0]
+                results[kind]["step"] += steps
+                results[kind]["tps"] += tps
+                results[kind]["rss"].append(r["peak_rss_mb"])
+                print(f"  {kind:9s} repeat {rep}: steps {[round(s, 2) for s in steps]}, "
+                      f"gen {statistics.median(tps):.0f} tok/s, peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+    flops_per_token = 2 * prep["params"]
+    roofline = gflops * 1e9 / flops_per_token
+    print(f"\nGRPO step: tiny Qwen2 (hidden 256, 4 layers, {prep['params'] / 1e6:.1f}M params), {N_PROMPTS} prompts "
+          f"x {N_SAMPLES} samples, <= {MAX_NEW} new tokens, one optimizer step; median of "
+          f"{args.steps - 1} steps x {args.repeats} runs each")
+    print(f"fp32 matmul here: {gflops:.0f} GFLOP/s -> decode roofline ~{roofline:.0f} tok/s "
+          f"(2 x params FLOPs per token, attention ignored)\n")
+    base = statistics.median(results["lucidrl"]["step"])
+    print(f"{'framework':10s} {'s/step':>8s} {'steps/s vs lucidrl':>19s} {'gen tok/s':>10s} {'of roofline':>12s} "
+          f"{'peak RSS MB':>12s}")
+    for kind, r in results.items():
+        med = statistics.median(r["step"])
+        tps = statistics.median(r["tps"])
+        print(f"{kind:10s} {med:8.2f} {base / med:19.2f} {tps:10.0f} {tps / roofline:12.2f} "
+              f"{statistics.median(r['rss']):12.0f}")
+    for kind in kinds[1:]:
+        ratio = statistics.median(results[kind]["step"]) / base
+        print(f"lucidrl step throughput = {ratio:.2f}x {kind}")
+
+
+if __name__ == "__main__":
+    main()
