@@ -9,6 +9,11 @@ tokens/s, peak RSS, and the ratios. Also the decode roofline: the measured fp32 
 machine divided by the model's FLOPs per generated token.
 
     .venv/bin/python benchmarks/step_vs_trl.py [--steps 3] [--repeats 2] [--trl-bf16 both|on|off]
+        [--prompts 64] [--ablations]
+
+--ablations adds lucidrl runs with its speed-ups removed, cumulatively: lucidrl-base (transformers
+generate, full-sequence forwards, old log-probs recomputed), +decode (lucidrl's decode loop), +shared
+(shared-prompt forwards), then lucidrl (+ rollout log-probs reused on-policy).
 
 TRL is a benchmark dependency only: `pip install -c constraints.txt trl==1.16.0`.
 """
@@ -26,7 +31,19 @@ import tempfile
 import time
 from pathlib import Path
 
-N_PROMPTS, N_SAMPLES, MAX_NEW, MICRO = 64, 8, 128, 64
+N_SAMPLES, MAX_NEW, MICRO = 8, 128, 64
+N_PROMPTS = int(os.environ.get("BENCH_PROMPTS", "64"))  # set by --prompts; the workers read it here
+
+# lucidrl with its speed-ups switched off one at a time, cumulatively (--ablations)
+VARIANTS = {
+    "lucidrl-base": [
+        "rollout.decode_loop=transformers",
+        "actor.share_prompt_forward=false",
+        "actor.reuse_rollout_log_probs=false",
+    ],
+    "+decode": ["actor.share_prompt_forward=false", "actor.reuse_rollout_log_probs=false"],
+    "+shared": ["actor.reuse_rollout_log_probs=false"],
+}
 LR = 1e-5
 
 
@@ -50,8 +67,12 @@ def prepare(work: Path) -> dict[str, str]:
     data = write_kk_parquet(work / "data", people=(2, 4), n_train=N_PROMPTS, n_val=1, seed=0)
     model = build_tiny_model(work / "model", kk_tokenizer_corpus(0), hidden_size=256, num_layers=4, seed=0)
     (work / "reward.py").write_text(REWARD_FILE)
-    return {"train": data["train"], "model": model["path"], "reward": str(work / "reward.py"),
-            "params": model["num_parameters"]}
+    return {
+        "train": data["train"],
+        "model": model["path"],
+        "reward": str(work / "reward.py"),
+        "params": model["num_parameters"],
+    }
 
 
 # -- workers: each runs in its own process and prints one JSON line -------------------------------------
@@ -63,15 +84,29 @@ def worker_lucidrl(work: Path, steps: int, extra: list[str]) -> dict:
 
     prep = json.loads((work / "prep.json").read_text())
     run = work / f"lucidrl_{time.time_ns()}"
-    cfg = load_config(None, [
-        f"model.path={prep['model']}", f"data.train_files=[{prep['train']}]", "data.val_files=[]",
-        f"data.train_batch_size={N_PROMPTS}", f"data.max_response_length={MAX_NEW}", f"rollout.n={N_SAMPLES}",
-        f"actor.ppo_mini_batch_size={N_PROMPTS}", f"actor.ppo_micro_batch_size={MICRO}",
-        f"actor.log_prob_micro_batch_size={MICRO}", f"actor.optim.lr={LR}", "actor.use_kl_loss=false",
-        f"trainer.total_training_steps={steps}", "trainer.val_before_train=false", "trainer.save_final_model=false",
-        f"trainer.run_dir={run}", "trainer.logger=[jsonl]", f"reward.custom_function.path={prep['reward']}",
-        *extra,
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={prep['model']}",
+            f"data.train_files=[{prep['train']}]",
+            "data.val_files=[]",
+            f"data.train_batch_size={N_PROMPTS}",
+            f"data.max_response_length={MAX_NEW}",
+            f"rollout.n={N_SAMPLES}",
+            f"actor.ppo_mini_batch_size={N_PROMPTS}",
+            f"actor.ppo_micro_batch_size={MICRO}",
+            f"actor.log_prob_micro_batch_size={MICRO}",
+            f"actor.optim.lr={LR}",
+            "actor.use_kl_loss=false",
+            f"trainer.total_training_steps={steps}",
+            "trainer.val_before_train=false",
+            "trainer.save_final_model=false",
+            f"trainer.run_dir={run}",
+            "trainer.logger=[jsonl]",
+            f"reward.custom_function.path={prep['reward']}",
+            *extra,
+        ],
+    )
     PPOTrainer(cfg).fit()
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return {
@@ -124,14 +159,34 @@ def worker_trl(work: Path, steps: int, bf16: bool) -> dict:
             toks.append(gen["tokens"])
 
     config = GRPOConfig(
-        output_dir=str(work / f"trl_{time.time_ns()}"), use_cpu=True, bf16=bf16, max_steps=steps,
-        per_device_train_batch_size=MICRO, gradient_accumulation_steps=N_PROMPTS * N_SAMPLES // MICRO,
-        num_generations=N_SAMPLES, max_completion_length=MAX_NEW, learning_rate=LR, beta=0.0,
-        temperature=1.0, top_p=1.0, top_k=0, report_to="none", save_strategy="no", logging_steps=1,
-        dataloader_num_workers=0, disable_tqdm=True, seed=0,
+        output_dir=str(work / f"trl_{time.time_ns()}"),
+        use_cpu=True,
+        bf16=bf16,
+        max_steps=steps,
+        per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=N_PROMPTS * N_SAMPLES // MICRO,
+        num_generations=N_SAMPLES,
+        max_completion_length=MAX_NEW,
+        learning_rate=LR,
+        beta=0.0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=0,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tok, callbacks=[Timer()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[Timer()],
+    )
     trainer.train()
     return {"step_s": times, "gen_s": gens, "gen_tokens": toks}
 
@@ -148,8 +203,21 @@ def matmul_gflops() -> float:
 
 
 def run_worker(work: Path, kind: str, steps: int, extra: str) -> dict:
-    cmd = [sys.executable, __file__, "--worker", kind, "--work", str(work), "--steps", str(steps), "--extra", extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        kind,
+        "--work",
+        str(work),
+        "--steps",
+        str(steps),
+        "--extra",
+        extra,
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    )
     if proc.returncode:
         sys.exit(f"{kind} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -160,22 +228,30 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="steps per run; the first is warm-up")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--trl-bf16", choices=["both", "on", "off"], default="both")
-    p.add_argument("--lucidrl-extra", default="", help="space-separated overrides for lucidrl (ablations)")
+    p.add_argument("--prompts", type=int, default=64, help="prompts per step (64 in the reference setting)")
+    p.add_argument("--ablations", action="store_true", help="also run lucidrl with its speed-ups removed")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--extra", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         work = Path(args.work)
-        if args.worker == "lucidrl":
-            out = worker_lucidrl(work, args.steps, args.extra.split())
+        if args.worker.startswith("lucidrl") or args.worker.startswith("+"):
+            out = worker_lucidrl(work, args.steps, VARIANTS.get(args.worker, []))
         else:
             out = worker_trl(work, args.steps, bf16=args.worker == "trl-bf16")
         out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(json.dumps(out))
         return
 
-    kinds = ["lucidrl"] + {"both": ["trl-fp32", "trl-bf16"], "on": ["trl-bf16"], "off": ["trl-fp32"]}[args.trl_bf16]
+    os.environ["BENCH_PROMPTS"] = str(args.prompts)
+    global N_PROMPTS
+    N_PROMPTS = args.prompts
+    kinds = (
+        (list(VARIANTS) if args.ablations else [])
+        + ["lucidrl"]
+        + {"both": ["trl-fp32", "trl-bf16"], "on": ["trl-bf16"], "off": ["trl-fp32"]}[args.trl_bf16]
+    )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         prep = prepare(work)
@@ -184,30 +260,41 @@ def main() -> None:
         results: dict[str, dict[str, list[float]]] = {k: {"step": [], "tps": [], "rss": []} for k in kinds}
         for rep in range(args.repeats):
             for kind in kinds:
-                r = run_worker(work, kind, args.steps, args.lucidrl_extra if kind == "lucidrl" else "")
+                r = run_worker(work, kind, args.steps, "")
                 steps = r["step_s"][1:]
                 tps = [t / g for t, g in zip(r["gen_tokens"][1:], r["gen_s"][1:], strict=True) if g > 0]
                 results[kind]["step"] += steps
                 results[kind]["tps"] += tps
                 results[kind]["rss"].append(r["peak_rss_mb"])
-                print(f"  {kind:9s} repeat {rep}: steps {[round(s, 2) for s in steps]}, "
-                      f"gen {statistics.median(tps):.0f} tok/s, peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+                print(
+                    f"  {kind:9s} repeat {rep}: steps {[round(s, 2) for s in steps]}, "
+                    f"gen {statistics.median(tps):.0f} tok/s, peak RSS {r['peak_rss_mb']:.0f} MB",
+                    flush=True,
+                )
     flops_per_token = 2 * prep["params"]
     roofline = gflops * 1e9 / flops_per_token
-    print(f"\nGRPO step: tiny Qwen2 (hidden 256, 4 layers, {prep['params'] / 1e6:.1f}M params), {N_PROMPTS} prompts "
-          f"x {N_SAMPLES} samples, <= {MAX_NEW} new tokens, one optimizer step; median of "
-          f"{args.steps - 1} steps x {args.repeats} runs each")
-    print(f"fp32 matmul here: {gflops:.0f} GFLOP/s -> decode roofline ~{roofline:.0f} tok/s "
-          f"(2 x params FLOPs per token, attention ignored)\n")
+    print(
+        f"\nGRPO step: tiny Qwen2 (hidden 256, 4 layers, {prep['params'] / 1e6:.1f}M params), {N_PROMPTS} prompts "
+        f"x {N_SAMPLES} samples, <= {MAX_NEW} new tokens, one optimizer step; median of "
+        f"{args.steps - 1} steps x {args.repeats} runs each"
+    )
+    print(
+        f"fp32 matmul here: {gflops:.0f} GFLOP/s -> decode roofline ~{roofline:.0f} tok/s "
+        f"(2 x params FLOPs per token, attention ignored)\n"
+    )
     base = statistics.median(results["lucidrl"]["step"])
-    print(f"{'framework':10s} {'s/step':>8s} {'steps/s vs lucidrl':>19s} {'gen tok/s':>10s} {'of roofline':>12s} "
-          f"{'peak RSS MB':>12s}")
+    print(
+        f"{'framework':13s} {'s/step':>8s} {'steps/s vs lucidrl':>19s} {'gen tok/s':>10s} {'of roofline':>12s} "
+        f"{'peak RSS MB':>12s}"
+    )
     for kind, r in results.items():
         med = statistics.median(r["step"])
         tps = statistics.median(r["tps"])
-        print(f"{kind:10s} {med:8.2f} {base / med:19.2f} {tps:10.0f} {tps / roofline:12.2f} "
-              f"{statistics.median(r['rss']):12.0f}")
-    for kind in kinds[1:]:
+        print(
+            f"{kind:13s} {med:8.2f} {base / med:19.2f} {tps:10.0f} {tps / roofline:12.2f} "
+            f"{statistics.median(r['rss']):12.0f}"
+        )
+    for kind in [k for k in kinds if k.startswith("trl")]:
         ratio = statistics.median(results[kind]["step"]) / base
         print(f"lucidrl step throughput = {ratio:.2f}x {kind}")
 

@@ -96,3 +96,16 @@ def test_filter_logits_top_k_and_top_p():
     # top_p=0.8: 0.5 + 0.3 reach 0.8, so the third and fourth tokens go
     assert torch.isinf(filter_logits(logits, -1, 0.8)).tolist() == [[False, False, True, True]]
     assert torch.isinf(filter_logits(logits, -1, 0.81)).tolist() == [[False, False, False, True]]
+
+
+def test_reserved_cache_layer_returns_what_was_written_and_grows_past_capacity():
+    from lucidrl.workers.decode import reserved_cache
+
+    cache = reserved_cache(capacity=3)
+    a, b = torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4)
+    k, v = cache.update(a, a * 2, 0)
+    assert torch.equal(k, a) and torch.equal(v, a * 2) and cache.get_seq_length() == 2
+    k, _ = cache.update(b, b, 0)  # 4 positions > capacity 3: grows, stays correct
+    assert torch.equal(k, torch.cat([a, b], dim=2))
+    cache.batch_select_indices(torch.tensor([1]))
+    assert torch.equal(cache.layers[0].keys, torch.cat([a, b], dim=2)[1:])

@@ -9,10 +9,11 @@ batch as rows reach an eos. Tokens after a row's eos are the pad id; log-probs t
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 # drop finished rows from the cache once this share of the active rows has ended
 COMPACT_FRACTION = 0.25
@@ -31,6 +32,61 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+class ReservedLayer(DynamicLayer):
+    """A KV cache layer that reserves room for the whole generation up front.
+
+    DynamicLayer grows by torch.cat, copying the whole cache at every decoded token: 58% of decode
+    time in a profile of 128 rows x 128 tokens on the tiny model. This layer writes each new token
+    into preallocated buffers and hands attention a view of the filled part.
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.device = key_states.device
+            shape = (*key_states.shape[:2], max(self.capacity, key_states.shape[-2]), key_states.shape[-1])
+            self._k = torch.empty(shape, dtype=key_states.dtype, device=self.device)
+            self._v = torch.empty(shape, dtype=value_states.dtype, device=self.device)
+            self.is_initialized = True
+        new = key_states.shape[-2]
+        if self.length + new > self._k.shape[-2]:  # out of room: grow (never expected, but stay correct)
+            grow = self.length + new - self._k.shape[-2] + 64
+            self._k = torch.cat(
+                [self._k, self._k.new_empty((*self._k.shape[:2], grow, self._k.shape[-1]))], -2
+            )
+            self._v = torch.cat(
+                [self._v, self._v.new_empty((*self._v.shape[:2], grow, self._v.shape[-1]))], -2
+            )
+        self._k[:, :, self.length : self.length + new] = key_states
+        self._v[:, :, self.length : self.length + new] = value_states
+        self.length += new
+        self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.length:
+            self._k = self._k.repeat_interleave(repeats, dim=0)
+            self._v = self._v.repeat_interleave(repeats, dim=0)
+            self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.length:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+
+
+def reserved_cache(capacity: int) -> Cache:
+    """A cache whose layers hold `capacity` positions without reallocating."""
+    return Cache(layer_class_to_replicate=functools.partial(ReservedLayer, capacity))
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -57,15 +113,11 @@ def sample_group(
     bs = prompts.shape[0]
     device = prompts.device
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
+    cache = reserved_cache(prompts.shape[1] + max_new_tokens)  # filled in place by each forward
+    kw = _cache_kwarg(model)
     out = model(
-        input_ids=prompts,
-        attention_mask=prompt_mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
+        input_ids=prompts, attention_mask=prompt_mask, position_ids=positions, use_cache=True, **{kw: cache}
     )
-    cache = out.past_key_values
     logits = out.logits[:, -1, :].float()
     if n > 1:
         cache.batch_repeat_interleave(n)
@@ -94,24 +146,20 @@ def sample_group(
         done = torch.isin(tokens, eos)
         if bool(done.all()) or t == max_new_tokens - 1:
             break
-        keep = ~done
+        # rows that ended stay in the batch until enough have ended to compact it; their further
+        # tokens are overwritten with the pad id at the end
         if int(done.sum()) >= COMPACT_FRACTION * len(active):
-            idx = keep.nonzero().squeeze(-1)
+            idx = (~done).nonzero().squeeze(-1)
             cache.batch_select_indices(idx)
             active, tokens, attn, next_pos = active[idx], tokens[idx], attn[idx], next_pos[idx]
-        else:
-            # rows that ended stay in the batch until the next compaction; their further tokens are
-            # overwritten with the pad id below
-            pass
         attn = torch.cat([attn, torch.ones((attn.shape[0], 1), dtype=attn.dtype, device=device)], dim=1)
         out = model(
             input_ids=tokens[:, None],
             attention_mask=attn,
             position_ids=next_pos[:, None],
-            past_key_values=cache,
             use_cache=True,
+            **{kw: cache},
         )
-        cache = out.past_key_values
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1
     responses, logps = responses[:, :length], logps[:, :length]

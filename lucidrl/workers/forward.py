@@ -42,7 +42,7 @@ def _response_logits_shared_prefix(model: torch.nn.Module, batch: Batch) -> torc
     )
     prompts, prompt_mask = batch["prompts"][starts], batch["prompt_mask"][starts]
     prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()  # filled in place by the forward
+    cache = DynamicCache()  # filled in place by the forward (gradients flow through it)
     kw = _cache_kwarg(model)
     out = model(
         input_ids=prompts, attention_mask=prompt_mask, position_ids=prompt_pos, use_cache=True, **{kw: cache}
