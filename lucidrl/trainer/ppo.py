@@ -199,6 +199,7 @@ class PPOTrainer:
         if cfg.save_final_model:
             self.save_model(self.run_dir / "final")
         self.tracker.close()
+        self.workers.shutdown()  # Ray actors and placement groups; nothing to do in-process
         return self.run_dir
 
     def save_model(self, path: Path) -> None:
