@@ -17,6 +17,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from lucidrl.rewards.manager import RewardFunctionError
     from lucidrl.trainer.setup import RunDirError
     from lucidrl.workers.actor import NonFiniteLossError
+    from lucidrl.workers.rollout_server import RolloutServerError
 
     return (
         UsageError,
@@ -30,6 +31,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         RewardFunctionError,
         RunDirError,
         NonFiniteLossError,
+        RolloutServerError,
     )
 
 

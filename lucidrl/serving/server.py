@@ -329,7 +329,7 @@ def make_server(
             "--port 0 for a free one"
         ) from e
     try:
-        tokenizer = load_tokenizer(model_path)
+        tokenizer = load_tokenizer(model_path, config_key="the MODEL argument of lucidrl serve")
         model = load_model(model_path, dtype=dtype)
         check_tokenizer_matches_model(model, tokenizer, model_path)
         target = device or ("cuda" if torch.cuda.is_available() else "cpu")
