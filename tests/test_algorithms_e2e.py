@@ -4,14 +4,9 @@ import json
 import math
 
 import pytest
+from helpers import TOY_REWARD
 
 from lucidrl.cli import main
-
-REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info):
-    text = solution_str[len("<think>"):]
-    return {"score": text.count("e") / max(len(text), 1), "acc": float("e" in text)}
-"""
 
 BASE = [
     "data.max_prompt_length=1024",
@@ -79,7 +74,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model):
     reward = tmp_path / "reward.py"
-    reward.write_text(REWARD)
+    reward.write_text(TOY_REWARD)
     args = [
         "train",
         f"model.path={tiny_model['path']}",

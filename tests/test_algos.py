@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import outcome_rewards  # noqa: E402
 
 from lucidrl.algos import (
     LOSS_AGG_MODES,
@@ -27,16 +28,6 @@ from lucidrl.algos import (
 )
 
 EPS = 1e-6
-
-
-def _outcome_rewards(scores: list[float], lengths: list[int], T: int = 4):
-    """Token rewards with each score on the last valid token, and the matching response mask."""
-    rewards = torch.zeros(len(scores), T)
-    mask = torch.zeros(len(scores), T)
-    for i, (s, n) in enumerate(zip(scores, lengths, strict=True)):
-        mask[i, :n] = 1
-        rewards[i, n - 1] = s
-    return rewards, mask
 
 
 # ---------------------------------------------------------------------------------------------- GRPO
@@ -64,7 +55,7 @@ EXPECTED_NO_NORM = [0.5, 1.0, -0.5, -0.5, -1.0, 0.5]
     ids=["str-list", "str-ndarray", "int-list", "int-ndarray", "int-tensor"],
 )
 def test_grpo_two_groups_hand_computed(index):
-    rewards, mask = _outcome_rewards(SCORES, LENGTHS)
+    rewards, mask = outcome_rewards(SCORES, LENGTHS)
     adv, ret = compute_grpo_outcome_advantage(rewards, mask, index)
     assert adv.shape == (6, 4) and adv.dtype == torch.float32
     for i, n in enumerate(LENGTHS):
@@ -75,7 +66,7 @@ def test_grpo_two_groups_hand_computed(index):
 
 
 def test_grpo_without_std_is_dr_grpo():
-    rewards, mask = _outcome_rewards(SCORES, LENGTHS)
+    rewards, mask = outcome_rewards(SCORES, LENGTHS)
     adv, _ = compute_grpo_outcome_advantage(rewards, mask, GROUPS_STR, norm_adv_by_std_in_grpo=False)
     assert torch.allclose(adv[:, 0], torch.tensor(EXPECTED_NO_NORM), atol=1e-7)
 
@@ -94,7 +85,7 @@ def test_grpo_matches_torch_std_reference():
 
 
 def test_grpo_single_sample_group_uses_mean0_std1():
-    rewards, mask = _outcome_rewards([1.0, 0.0, 5.0], [2, 2, 3])
+    rewards, mask = outcome_rewards([1.0, 0.0, 5.0], [2, 2, 3])
     adv, _ = compute_grpo_outcome_advantage(rewards, mask, ["p", "p", "lonely"])
     # lonely: (5 - 0) / (1 + eps) = 4.999995
     assert torch.allclose(adv[2], torch.full((4,), 5.0 / (1 + EPS)).masked_fill(mask[2] == 0, 0.0))
@@ -104,7 +95,7 @@ def test_grpo_single_sample_group_uses_mean0_std1():
 
 
 def test_grpo_equal_scores_give_zero_advantage():
-    rewards, mask = _outcome_rewards([1.0, 1.0, 1.0], [1, 2, 3])
+    rewards, mask = outcome_rewards([1.0, 1.0, 1.0], [1, 2, 3])
     adv, _ = compute_grpo_outcome_advantage(rewards, mask, [0, 0, 0])
     assert torch.equal(adv, torch.zeros_like(adv))
 
@@ -127,7 +118,7 @@ def test_grpo_masked_positions_exactly_zero_and_group_mean_zero():
 
 
 def test_grpo_no_grad_and_input_untouched():
-    rewards, mask = _outcome_rewards(SCORES, LENGTHS)
+    rewards, mask = outcome_rewards(SCORES, LENGTHS)
     rewards.requires_grad_(True)
     before = rewards.detach().clone()
     adv, _ = compute_grpo_outcome_advantage(rewards, mask, GROUPS_STR)
@@ -136,7 +127,7 @@ def test_grpo_no_grad_and_input_untouched():
 
 
 def test_grpo_bad_index_length_names_sizes():
-    rewards, mask = _outcome_rewards(SCORES, LENGTHS)
+    rewards, mask = outcome_rewards(SCORES, LENGTHS)
     with pytest.raises(ValueError, match="5 group ids.*6 rows"):
         compute_grpo_outcome_advantage(rewards, mask, GROUPS_STR[:5])
 

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from helpers import outcome_rewards  # noqa: E402
 
 from lucidrl.algos import (
     AdaptiveKLController,
@@ -38,16 +39,6 @@ from lucidrl.algos import (
 )
 
 EPS = 1e-6
-
-
-def _outcome_rewards(scores: list[float], lengths: list[int], T: int = 4):
-    """Token rewards with each score on the last valid token, and the matching response mask."""
-    rewards = torch.zeros(len(scores), T)
-    mask = torch.zeros(len(scores), T)
-    for i, (s, n) in enumerate(zip(scores, lengths, strict=True)):
-        mask[i, :n] = 1
-        rewards[i, n - 1] = s
-    return rewards, mask
 
 
 def _whiten_list(xs: list[float]) -> list[float]:
@@ -185,7 +176,7 @@ def test_reinforce_pp_rejects_bad_gamma():
 
 def test_reinforce_pp_baseline_hand_computed():
     # group means a: .5, b: 2 -> centred [.5, 1, -.5, -.5, -1, .5], then whitened over all 16 tokens.
-    rewards, mask = _outcome_rewards(SCORES, LENGTHS)
+    rewards, mask = outcome_rewards(SCORES, LENGTHS)
     adv, ret = compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, mask, GROUPS)
     centred = [0.5, 1.0, -0.5, -0.5, -1.0, 0.5]
     tokens = [c for c, n in zip(centred, LENGTHS, strict=True) for _ in range(n)]
@@ -201,7 +192,7 @@ def test_reinforce_pp_baseline_hand_computed():
 def test_rloo_is_score_minus_mean_of_others():
     # a (n=4): 1 - (0+0+1)/3 = 2/3, 0 - 2/3 = -2/3;  b (n=2): 3 - 1 = 2, 1 - 3 = -2.
     # verl's form n/(n-1) * (score - mean) gives the same: 4/3 * .5 = 2/3, 2 * 1 = 2.
-    rewards, mask = _outcome_rewards(SCORES, LENGTHS)
+    rewards, mask = outcome_rewards(SCORES, LENGTHS)
     adv, ret = compute_rloo_outcome_advantage(rewards, mask, GROUPS)
     _assert_rows(adv, mask, [2 / 3, 2.0, -2 / 3, -2 / 3, -2.0, 2 / 3])
     assert torch.equal(ret, adv)
@@ -210,7 +201,7 @@ def test_rloo_is_score_minus_mean_of_others():
 def test_rloo_group_sums_to_zero_and_single_sample_keeps_raw_score():
     torch.manual_seed(3)
     scores = torch.randn(12).tolist()
-    rewards, mask = _outcome_rewards(scores + [4.0], [3] * 12 + [2])
+    rewards, mask = outcome_rewards(scores + [4.0], [3] * 12 + [2])
     index = [i % 3 for i in range(12)] + ["lonely"]
     adv, _ = compute_rloo_outcome_advantage(rewards, mask, index)
     for g in range(3):
@@ -224,7 +215,7 @@ def test_rloo_group_sums_to_zero_and_single_sample_keeps_raw_score():
 def test_opo_length_weighted_baseline():
     # a: lengths 4,3,1,2, scores 1,0,0,1 -> b = (4 + 2) / 10 = .6 -> A = .4, -.6, -.6, .4
     # b: lengths 2,4, scores 3,1        -> b = (6 + 4) / 6 = 5/3 -> A = 4/3, -2/3
-    rewards, mask = _outcome_rewards(SCORES, LENGTHS)
+    rewards, mask = outcome_rewards(SCORES, LENGTHS)
     adv, _ = compute_opo_outcome_advantage(rewards, mask, GROUPS)
     _assert_rows(adv, mask, [0.4, 4 / 3, -0.6, -0.6, -2 / 3, 0.4])
     # length-weighted sums vanish per group; the plain sum does not (lengths differ)
@@ -245,7 +236,7 @@ PASSK_INDEX = ["x", "y", "x", "y", "x", "y", "y"]
 def test_grpo_passk_only_best_gets_margin():
     # x = [.2, .9, .5]: best sample 2, margin .9 - .5 = .4, std .351188 -> 1.138986
     # y = [2, 5, 1, 4]: best sample 3, margin 5 - 4 = 1, std 1.825742 -> 0.547722
-    rewards, mask = _outcome_rewards(PASSK_SCORES, [2, 3, 4, 1, 2, 3, 4])
+    rewards, mask = outcome_rewards(PASSK_SCORES, [2, 3, 4, 1, 2, 3, 4])
     adv, _ = compute_grpo_passk_outcome_advantage(rewards, mask, PASSK_INDEX)
     _assert_rows(adv, mask, [0.0, 0.0, 1.1389864, 0.5477223, 0.0, 0.0, 0.0], atol=1e-5)
     adv, _ = compute_grpo_passk_outcome_advantage(rewards, mask, PASSK_INDEX, norm_adv_by_std_in_grpo=False)
@@ -253,10 +244,10 @@ def test_grpo_passk_only_best_gets_margin():
 
 
 def test_grpo_passk_tie_gives_zero_and_single_sample_group_is_error():
-    rewards, mask = _outcome_rewards([1.0, 0.0, 1.0], [1, 2, 3])
+    rewards, mask = outcome_rewards([1.0, 0.0, 1.0], [1, 2, 3])
     adv, _ = compute_grpo_passk_outcome_advantage(rewards, mask, [0, 0, 0])
     assert torch.equal(adv, torch.zeros_like(adv))
-    rewards, mask = _outcome_rewards([1.0, 0.0, 1.0], [1, 2, 3])
+    rewards, mask = outcome_rewards([1.0, 0.0, 1.0], [1, 2, 3])
     with pytest.raises(ValueError, match=r">= 2 samples per group.*\['solo'\]"):
         compute_grpo_passk_outcome_advantage(rewards, mask, ["p", "p", "solo"])
 

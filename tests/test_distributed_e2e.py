@@ -7,13 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from helpers import TOY_REWARD
 from safetensors.torch import load_file
-
-REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info):
-    text = solution_str[len("<think>"):]
-    return {"score": text.count("e") / max(len(text), 1)}
-"""
 
 # stated tolerances: float32 sums run in another order across ranks; Adam divides by sqrt(v), so a
 # rounding difference on a near-zero gradient can move a weight by a sizeable part of one step (lr 1e-3).
@@ -24,7 +19,7 @@ LOSS_TOL = 1e-6
 
 def _train(tmp_path, kk_data, tiny_model, name, *extra):
     reward = tmp_path / "reward.py"
-    reward.write_text(REWARD)
+    reward.write_text(TOY_REWARD)
     run = tmp_path / name
     args = [
         f"model.path={tiny_model['path']}",

@@ -5,22 +5,16 @@ import json
 import pytest
 import torch
 import yaml
+from helpers import TOY_REWARD
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from lucidrl.cli import main
 
-REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info):
-    # a dense toy reward the random tiny model can improve on: share of the letter 'e'
-    text = solution_str[len("<think>"):]
-    return {"score": text.count("e") / max(len(text), 1), "acc": float("e" in text)}
-"""
-
 
 def _config(tmp_path, kk_data, tiny_model, **extra):
     reward = tmp_path / "reward.py"
-    reward.write_text(REWARD)
+    reward.write_text(TOY_REWARD)
     cfg = {
         "model": {"path": tiny_model["path"]},
         "data": {

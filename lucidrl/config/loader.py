@@ -228,6 +228,12 @@ def validate(cfg: Any) -> None:
         _validate_rl(cfg)
 
 
+def _check_loggers(backends: list[str]) -> None:
+    bad = [x for x in backends if x not in ("console", "jsonl")]
+    if bad:
+        raise ConfigError(f"trainer.logger has unknown backend(s) {bad}; available: console, jsonl")
+
+
 def _validate_sft(cfg: SFTConfig) -> None:
     _positive(
         cfg,
@@ -243,9 +249,7 @@ def _validate_sft(cfg: SFTConfig) -> None:
         )
     if cfg.trainer.test_freq < 0 or cfg.trainer.checkpoint_freq < 0:
         raise ConfigError("trainer.test_freq and trainer.checkpoint_freq must be >= 0 (0: off)")
-    bad = [x for x in cfg.trainer.logger if x not in ("console", "jsonl")]
-    if bad:
-        raise ConfigError(f"trainer.logger has unknown backend(s) {bad}; available: console, jsonl")
+    _check_loggers(cfg.trainer.logger)
 
 
 def _validate_rl(cfg: LucidConfig) -> None:
@@ -345,9 +349,7 @@ def _validate_rl(cfg: LucidConfig) -> None:
         raise ConfigError(
             f"trainer.test_freq must be >= 0 (0: validate after the last step), got {cfg.trainer.test_freq}"
         )
-    bad = [x for x in cfg.trainer.logger if x not in ("console", "jsonl")]
-    if bad:
-        raise ConfigError(f"trainer.logger has unknown backend(s) {bad}; available: console, jsonl")
+    _check_loggers(cfg.trainer.logger)
     _validate_names(cfg)
     from lucidrl.controller.placement import plan_groups
 
