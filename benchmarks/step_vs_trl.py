@@ -13,7 +13,11 @@ machine divided by the model's FLOPs per generated token.
 
 --ablations adds lucidrl runs with its speed-ups removed, cumulatively: lucidrl-base (transformers
 generate, full-sequence forwards, old log-probs recomputed), +decode (lucidrl's decode loop), +shared
-(shared-prompt forwards), then lucidrl (+ rollout log-probs reused on-policy).
+(shared-prompt forwards), +reuse (rollout log-probs reused on-policy), then lucidrl (+ length-sorted,
+padding-trimmed micro-batches); and lucidrl-untuned:
+everything on but started without the glibc allocator settings the `lucidrl` command sets
+(lucidrl/launch.py). TRL runs as plain `python` would start it; --trl-malloc adds TRL runs with the
+same allocator settings (trl-fp32+malloc), to show how much of the gap they are.
 
 TRL is a benchmark dependency only: `pip install -c constraints.txt trl==1.16.0`.
 """
@@ -35,14 +39,17 @@ N_SAMPLES, MAX_NEW, MICRO = 8, 128, 64
 N_PROMPTS = int(os.environ.get("BENCH_PROMPTS", "64"))  # set by --prompts; the workers read it here
 
 # lucidrl with its speed-ups switched off one at a time, cumulatively (--ablations)
+_NO_SORT = "actor.length_sorted_micro_batches=false"
 VARIANTS = {
     "lucidrl-base": [
         "rollout.decode_loop=transformers",
         "actor.share_prompt_forward=false",
         "actor.reuse_rollout_log_probs=false",
+        _NO_SORT,
     ],
-    "+decode": ["actor.share_prompt_forward=false", "actor.reuse_rollout_log_probs=false"],
-    "+shared": ["actor.reuse_rollout_log_probs=false"],
+    "+decode": ["actor.share_prompt_forward=false", "actor.reuse_rollout_log_probs=false", _NO_SORT],
+    "+shared": ["actor.reuse_rollout_log_probs=false", _NO_SORT],
+    "+reuse": [_NO_SORT],
 }
 LR = 1e-5
 
@@ -215,9 +222,14 @@ def run_worker(work: Path, kind: str, steps: int, extra: str) -> dict:
         "--extra",
         extra,
     ]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    )
+    from lucidrl.launch import MALLOC_ENV, tuned_env
+
+    # lucidrl runs as its launcher would start it (glibc allocator settings, lucidrl/launch.py); TRL and
+    # lucidrl-untuned run as a plain `python` would, unless --trl-malloc gives TRL the same settings
+    plain = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV}
+    tuned = (kind.startswith(("lucidrl", "+")) and kind != "lucidrl-untuned") or kind.endswith("+malloc")
+    env = tuned_env(plain) if tuned else plain
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**env, "TOKENIZERS_PARALLELISM": "false"})
     if proc.returncode:
         sys.exit(f"{kind} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -230,6 +242,12 @@ def main() -> None:
     p.add_argument("--trl-bf16", choices=["both", "on", "off"], default="both")
     p.add_argument("--prompts", type=int, default=64, help="prompts per step (64 in the reference setting)")
     p.add_argument("--ablations", action="store_true", help="also run lucidrl with its speed-ups removed")
+    p.add_argument(
+        "--trl-malloc", action="store_true", help="also run TRL with lucidrl's allocator settings (+malloc)"
+    )
+    p.add_argument(
+        "--only", help="comma-separated kinds to run instead (e.g. lucidrl,lucidrl-untuned,trl-fp32)"
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--extra", default="", help=argparse.SUPPRESS)
@@ -239,7 +257,7 @@ def main() -> None:
         if args.worker.startswith("lucidrl") or args.worker.startswith("+"):
             out = worker_lucidrl(work, args.steps, VARIANTS.get(args.worker, []))
         else:
-            out = worker_trl(work, args.steps, bf16=args.worker == "trl-bf16")
+            out = worker_trl(work, args.steps, bf16=args.worker.startswith("trl-bf16"))
         out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(json.dumps(out))
         return
@@ -247,11 +265,26 @@ def main() -> None:
     os.environ["BENCH_PROMPTS"] = str(args.prompts)
     global N_PROMPTS
     N_PROMPTS = args.prompts
+    trl_kinds = {"both": ["trl-fp32", "trl-bf16"], "on": ["trl-bf16"], "off": ["trl-fp32"]}[args.trl_bf16]
     kinds = (
-        (list(VARIANTS) if args.ablations else [])
+        (list(VARIANTS) + ["lucidrl-untuned"] if args.ablations else [])
         + ["lucidrl"]
-        + {"both": ["trl-fp32", "trl-bf16"], "on": ["trl-bf16"], "off": ["trl-fp32"]}[args.trl_bf16]
+        + trl_kinds
+        + ([f"{k}+malloc" for k in trl_kinds] if args.trl_malloc else [])
     )
+    if args.only:
+        kinds = args.only.split(",")
+        known = [
+            *VARIANTS,
+            "lucidrl",
+            "lucidrl-untuned",
+            "trl-fp32",
+            "trl-bf16",
+            "trl-fp32+malloc",
+            "trl-bf16+malloc",
+        ]
+        if "lucidrl" not in kinds or any(k not in known for k in kinds):
+            sys.exit(f"--only {args.only}: kinds come from {known}, and 'lucidrl' must be one (the baseline)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         prep = prepare(work)

@@ -2,6 +2,6 @@
 
 import sys
 
-from lucidrl.cli import main
+from lucidrl.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

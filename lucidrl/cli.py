@@ -22,7 +22,13 @@ def _cmd_data_kk(args: argparse.Namespace) -> int:
     try:
         people = parse_people_range(args.people)
         info = write_kk_parquet(
-            args.out, people=people, n_train=args.train, n_val=args.val, seed=args.seed, trace=args.trace
+            args.out,
+            people=people,
+            n_train=args.train,
+            n_val=args.val,
+            seed=args.seed,
+            trace=args.trace,
+            system_prompt=not args.no_system_prompt,
         )
     except ValueError as e:  # a people range or count the generator cannot serve
         raise UsageError(f"lucidrl data kk: {e}") from e
@@ -136,9 +142,22 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from lucidrl.trainer.demo import run_demo
+    from lucidrl.diagnostics.errors import UsageError
+    from lucidrl.trainer.demo import DemoPlan, run_demo
 
-    run_demo(Path(args.out), steps=args.steps, seed=args.seed)
+    plan = DemoPlan()
+    for key in ("labelled", "unlabelled", "sft_s", "rl_s", "hidden", "layers"):
+        value = getattr(args, key)
+        if value is not None:
+            if value <= 0:
+                raise UsageError(f"lucidrl demo: --{key.replace('_s', '-seconds')} must be > 0, got {value}")
+            setattr(plan, key, value)
+    if plan.labelled + plan.unlabelled + plan.val > 556:
+        raise UsageError(
+            f"lucidrl demo: --labelled {plan.labelled} + --unlabelled {plan.unlabelled} + {plan.val} held out "
+            "is more than the 556 distinct 2-person puzzles that exist; lower them"
+        )
+    run_demo(Path(args.out), seeds=args.seeds, plan=plan)
     return 0
 
 
@@ -148,12 +167,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("version", help="print the version").set_defaults(fn=_cmd_version)
 
-    demo = sub.add_parser("demo", help="generate K&K data, build a tiny model, train GRPO on CPU")
-    demo.add_argument(
-        "--out", default="outputs/demo", help="where data, model and run go (default outputs/demo)"
+    demo = sub.add_parser(
+        "demo", help="the scarce-label experiment on CPU: SFT on a few traces, then GRPO vs SFT alone"
     )
-    demo.add_argument("--steps", type=int, default=10, help="GRPO steps")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--out", default="outputs/demo", help="where data, models and runs go (default outputs/demo)"
+    )
+    demo.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run (default 0)")
+    demo.add_argument("--labelled", type=int, help="labelled traces (default 200)")
+    demo.add_argument("--unlabelled", type=int, help="unlabelled puzzles for GRPO (default 250)")
+    demo.add_argument("--sft-seconds", dest="sft_s", type=float, help="SFT before the branches (default 360)")
+    demo.add_argument("--rl-seconds", dest="rl_s", type=float, help="each branch's time (default 360)")
+    demo.add_argument("--hidden", type=int, help="model width (default 256)")
+    demo.add_argument("--layers", type=int, help="model depth (default 4)")
     demo.set_defaults(fn=_cmd_demo)
 
     train = sub.add_parser("train", help="train from a YAML config plus key=value overrides")
@@ -175,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace",
         action="store_true",
         help="SFT responses reason through a truth table inside <think> before the answer",
+    )
+    kk.add_argument(
+        "--no-system-prompt",
+        action="store_true",
+        help="leave out Logic-RL's instruction (~150 tokens): for tiny models trained from scratch",
     )
     kk.set_defaults(fn=_cmd_data_kk)
 
@@ -222,6 +253,14 @@ def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+
+
+def entry() -> int:
+    """The `lucidrl` console command: allocator settings first (they need a fresh process), then main."""
+    from lucidrl.launch import reexec_with_malloc_tuning
+
+    reexec_with_malloc_tuning()
+    return main()
 
 
 def main(argv: list[str] | None = None) -> int:

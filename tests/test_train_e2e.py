@@ -1,6 +1,7 @@
 """End-to-end: `lucidrl train` on the tiny model, through the CLI, as a user runs it."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,3 +128,51 @@ def test_version(capsys):
     assert main(["version"]) == 0
     assert capsys.readouterr().out.strip() == f"lucidrl {__version__}"
     torch.manual_seed(0)
+
+
+def _weights(path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_collapse_stops_the_run_and_restores_the_last_healthy_weights(tmp_path, kk_data, tiny_model, capsys):
+    """A sign that holds from step 1 (entropy is always under 1000) fires at step `patience`; the
+    run stops there and its final model is the snapshot from before the sign: the starting weights."""
+    config = _config(tmp_path, kk_data, tiny_model)
+    overrides = [
+        "trainer.total_training_steps=5",
+        "trainer.collapse.min_entropy=1000",
+        "trainer.collapse.patience=2",
+        "trainer.collapse.keep_last_healthy=true",
+    ]
+    assert main(["train", str(config), *overrides]) == 0
+    run = tmp_path / "run"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]  # stopped at step 2 of 5
+    assert records[-1]["collapse/detected"] == 1.0 and "val/kk_logic/acc" in records[-1]
+    report = (run / "COLLAPSE.txt").read_text()
+    assert "at step 2 (signs since step 1)" in report and "min_entropy 1000" in report
+    out = capsys.readouterr().out
+    assert "policy collapse detected" in out and "restored the weights after step 0" in out
+    start, final = _weights(Path(tiny_model["path"])), _weights(run / "final")
+    assert start.keys() == final.keys()
+    for key in start:
+        assert torch.equal(start[key], final[key]), key
+    # the same validation numbers as before training: validation ran on the restored weights
+    assert records[-1]["val/kk_logic/score"] == pytest.approx(records[0]["val/kk_logic/score"], abs=1e-9)
+
+
+@pytest.mark.slow
+def test_collapse_warn_reports_once_and_trains_on(tmp_path, kk_data, tiny_model, capsys):
+    config = _config(tmp_path, kk_data, tiny_model)
+    overrides = [
+        "trainer.total_training_steps=3",
+        "trainer.collapse.min_entropy=1000",
+        "trainer.collapse.patience=1",
+        "trainer.collapse.action=warn",
+    ]
+    assert main(["train", str(config), *overrides]) == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert [r.get("collapse/detected") for r in records] == [None, 1.0, None, None]
+    assert capsys.readouterr().out.count("policy collapse detected") == 1

@@ -252,6 +252,31 @@ def _validate_sft(cfg: SFTConfig) -> None:
     _check_loggers(cfg.trainer.logger)
 
 
+def _validate_collapse(c: Any) -> None:
+    """trainer.collapse: thresholds that can fire, and at least one sign when it is on."""
+    p = "trainer.collapse"
+    if c.patience < 1 or c.baseline_steps < 1:
+        raise ConfigError(
+            f"{p}.patience and {p}.baseline_steps must be >= 1, got {c.patience}, {c.baseline_steps}"
+        )
+    if c.min_mixed_groups_ratio is not None and not 0.0 < c.min_mixed_groups_ratio <= 1.0:
+        raise ConfigError(
+            f"{p}.min_mixed_groups_ratio must be in (0, 1] or null, got {c.min_mixed_groups_ratio}"
+        )
+    if not 0.0 <= c.score_ema < 1.0:
+        raise ConfigError(f"{p}.score_ema must be in [0, 1) (0: no smoothing), got {c.score_ema}")
+    for key in ("min_entropy", "max_score_drop", "max_kl"):
+        v = getattr(c, key)
+        if v is not None and v <= 0:
+            raise ConfigError(f"{p}.{key} must be > 0 or null (off), got {v}")
+    signs = (c.min_mixed_groups_ratio, c.min_entropy, c.max_score_drop, c.max_kl)
+    if c.enable and all(v is None for v in signs):
+        raise ConfigError(
+            f"{p}.enable=true but every sign is off (min_mixed_groups_ratio, min_entropy, max_score_drop, "
+            f"max_kl are all null): set one, or {p}.enable=false"
+        )
+
+
 def _validate_rl(cfg: LucidConfig) -> None:
     """Batch arithmetic, ranges and names that must exist in a registry."""
     _positive(
@@ -270,6 +295,11 @@ def _validate_rl(cfg: LucidConfig) -> None:
         "data.val_batch_size",
         "rollout.val_kwargs.n",
     )
+    _validate_collapse(cfg.trainer.collapse)
+    if cfg.trainer.max_time_s is not None and cfg.trainer.max_time_s <= 0:
+        raise ConfigError(
+            f"trainer.max_time_s must be > 0 seconds (or null: no limit), got {cfg.trainer.max_time_s}"
+        )
     a, d, r = cfg.actor, cfg.data, cfg.rollout
     if a.ppo_mini_batch_size > d.train_batch_size:
         raise ConfigError(

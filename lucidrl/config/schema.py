@@ -81,6 +81,9 @@ class ActorConfig:
     reuse_rollout_log_probs: bool = True
     # run each prompt once for all its samples in log-prob and update forwards (same numbers, fewer FLOPs)
     share_prompt_forward: bool = True
+    # micro-batches of whole prompt groups ordered by response length, each cut to its own longest
+    # response: no compute on response padding (workers/micro_batches.py)
+    length_sorted_micro_batches: bool = True
     ppo_epochs: int = 1
     policy_loss: str = "vanilla"
     clip_ratio_low: float = 0.2
@@ -159,6 +162,25 @@ class RewardConfig:
 
 
 @dataclass
+class CollapseConfig:
+    """Signs of a collapsing policy (trainer/collapse.py); a sign must hold `patience` steps in a row."""
+
+    enable: bool = True
+    action: Literal["stop", "warn"] = "stop"  # stop: end the run and report; warn: report once, go on
+    patience: int = 3
+    # mixed-score groups below this fraction of their mean over the first `baseline_steps` steps
+    min_mixed_groups_ratio: float | None = 0.25
+    baseline_steps: int = 3
+    min_entropy: float | None = None  # actor/entropy (nats/token) below this
+    max_score_drop: float | None = None  # critic/score/mean's EMA this far below its best EMA
+    score_ema: float = 0.7  # smoothing of that EMA (0: none)
+    max_kl: float | None = None  # actor/kl_loss (or the reward KL) above this
+    # keep an in-memory copy of the weights after each step with no sign (one copy of the actor per
+    # rank, on the CPU); when the run stops on a collapse, that copy is validated and saved as final
+    keep_last_healthy: bool = False
+
+
+@dataclass
 class TrainerConfig:
     project_name: str = "lucidrl"
     experiment_name: str = "run"
@@ -178,6 +200,8 @@ class TrainerConfig:
     ray_address: str | None = None  # join an existing Ray cluster ("HOST:PORT"); None: start one here
     master_port: int | None = None  # torch.distributed rendezvous port; None: a free one, found on rank 0
     cpus_per_rank: int = 1  # CPUs Ray reserves for each rank (and its torch threads)
+    max_time_s: float | None = None  # stop after this many seconds of training (checked between steps)
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)
 
 
 @dataclass

@@ -85,6 +85,8 @@ def ensure_ray(address: str | None, num_cpus: int | None) -> None:
     """Start (or join, with trainer.ray_address) Ray once per process."""
     import ray
 
+    from lucidrl.launch import MALLOC_ENV, tuned_env
+
     if ray.is_initialized():
         return
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
@@ -94,9 +96,11 @@ def ensure_ray(address: str | None, num_cpus: int | None) -> None:
         kwargs["num_cpus"] = num_cpus
     # the workers must import lucidrl the way this process does (a source checkout or an install)
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    kwargs["runtime_env"] = {
-        "env_vars": {"PYTHONPATH": os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])}
-    }
+    env_vars = {"PYTHONPATH": os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])}
+    # glibc reads its allocator settings at process start: hand them to the workers' start (launch.py)
+    tuned = tuned_env()
+    env_vars.update({k: tuned[k] for k in MALLOC_ENV if k in tuned})
+    kwargs["runtime_env"] = {"env_vars": env_vars}
     ray.init(**kwargs)
 
 

@@ -1,12 +1,34 @@
-"""`lucidrl demo`: K&K data, a tiny model, and a short GRPO run on the CPU, with nothing downloaded."""
+"""`lucidrl demo`: the scarce-label experiment, on the CPU, with nothing downloaded.
+
+Labelled reasoning is scarce, a checker is cheap: can RL turn the checker into accuracy? Per seed:
+
+1. data: 2-person Knights & Knaves puzzles with truth-table traces (`lucidrl data kk --trace`); a few
+   hundred rows keep their traces (the labelled set), the rest of the training pool is used as
+   prompts only, scored by the K&K verifier; 100 held-out puzzles for validation;
+2. a tiny Qwen2 built from scratch with a local tokenizer;
+3. SFT on the labelled set for `sft_s` seconds: the RL starting point;
+4. from that checkpoint, two branches of equal wall time `rl_s`:
+   a. GRPO on the unlabelled prompts with the verifier (KL loss, PPO clip, warm-up, collapse
+      detection that stops the run and falls back to the last healthy weights);
+   b. the baseline: SFT continued on the same labelled set;
+5. held-out greedy accuracy (and sampled accuracy, k samples at temperature 1) of the start and of
+   both branches, printed per seed and written to `demo_results.json`.
+
+The RL user's budget is SFT + RL (`sft_s + rl_s`); the SFT-only baseline gets the same total.
+"""
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from rich.console import Console
+from rich.table import Table
 
 from lucidrl.config import config_from_dict
 
@@ -31,104 +53,239 @@ def kk_tokenizer_corpus(seed: int = 0, n_puzzles: int = 400) -> Iterator[str]:
         yield "<think>" + row["response"]
 
 
-def sft_config(out: Path, seed: int) -> dict:
-    """A short supervised warm-up on the puzzles' answers, so sampling ever passes the format rule."""
+@dataclass
+class DemoPlan:
+    """What one seed of the experiment does; the defaults are `make demo`'s."""
+
+    labelled: int = 200  # rows that keep their reasoning traces
+    unlabelled: int = 250  # prompts only, for RL (556 distinct 2-person puzzles exist in all)
+    val: int = 100
+    sft_s: float = 360.0  # SFT on the labelled rows before the branches
+    rl_s: float = 360.0  # each branch's wall time
+    hidden: int = 256
+    layers: int = 4
+    sft_batch: int = 32
+    sft_lr: float = 1e-3
+    rl_prompts: int = 16
+    rl_n: int = 8
+    rl_lr: float = 1e-4
+    rl_warmup: int = 3
+    kl_coef: float = 0.02
+    max_new_tokens: int = 160  # a 2-person trace is 60-150 tokens
+    eval_k: int = 4
+    max_steps: int = 10_000  # the time budgets end the phases; this only bounds them
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    start: dict = field(default_factory=dict)  # greedy/sampled accuracy and format of the SFT checkpoint
+    rl: dict = field(default_factory=dict)
+    sft_only: dict = field(default_factory=dict)
+    rl_steps: int = 0
+    sft_only_steps: int = 0
+    collapse: str | None = None
+    seconds: dict = field(default_factory=dict)
+
+
+def write_data(out: Path, plan: DemoPlan, seed: int) -> dict[str, str]:
+    """Labelled (with traces), unlabelled (prompts + the verifier's ground truth) and val parquet files."""
+    from lucidrl.data.kk import write_kk_parquet
+
+    info = write_kk_parquet(
+        out, people=(2, 2), n_train=plan.labelled + plan.unlabelled, n_val=plan.val, seed=seed,
+        trace=True, system_prompt=False,
+    )  # fmt: skip
+    table = pq.read_table(info["train"])
+    files = {"labelled": str(out / "labelled.parquet"), "unlabelled": str(out / "unlabelled.parquet")}
+    pq.write_table(table.slice(0, plan.labelled), files["labelled"])
+    # the RL pool: its traces are dropped, so nothing but the verifier's ground truth reaches training
+    pool = table.slice(plan.labelled).drop_columns(["response"])
+    pq.write_table(pool, files["unlabelled"])
+    files["val"] = info["val"]
+    return files
+
+
+def sft_config(model: str, files: dict, run_dir: Path, plan: DemoPlan, seed: int, seconds: float) -> dict:
     return {
-        "model": {"path": str(out / "model")},
-        "data": {
-            "train_files": [str(out / "data" / "train.parquet")],
-            "val_files": [str(out / "data" / "val.parquet")],
-            "batch_size": 32,
-            "seed": seed,
-        },
-        "optim": {"lr": 2e-3, "warmup_steps": 10},
+        "model": {"path": model},
+        "data": {"train_files": [files["labelled"]], "batch_size": plan.sft_batch, "seed": seed},
+        "micro_batch_size": plan.sft_batch,
+        "optim": {"lr": plan.sft_lr, "warmup_steps": 10},
         "trainer": {
             "experiment_name": "demo-sft",
-            "run_dir": str(out / "sft"),
+            "run_dir": str(run_dir),
             "overwrite": True,
-            "total_training_steps": 50,
-            "test_freq": 25,
+            "total_training_steps": plan.max_steps,
+            "max_time_s": seconds,
             "seed": seed,
         },
     }
 
 
-def grpo_config(out: Path, steps: int, seed: int) -> dict:
-    """The demo's RL run: GRPO from the warmed-up model, 8 prompts x 8 samples, greedy validation."""
+def grpo_config(model: str, files: dict, run_dir: Path, plan: DemoPlan, seed: int) -> dict:
+    """GRPO with the stabilisers on: KL loss (k3), PPO clip, lr warm-up, collapse detection."""
     return {
-        "model": {"path": str(out / "sft" / "final")},
+        "model": {"path": model},
         "data": {
-            "train_files": [str(out / "data" / "train.parquet")],
-            "val_files": [str(out / "data" / "val.parquet")],
-            "max_prompt_length": 512,
-            "max_response_length": 48,
-            "train_batch_size": 8,
+            "train_files": [files["unlabelled"]],
+            "val_files": [],
+            "max_prompt_length": 256,
+            "max_response_length": plan.max_new_tokens,
+            "train_batch_size": plan.rl_prompts,
             "seed": seed,
         },
-        "rollout": {"n": 8, "temperature": 1.0, "micro_batch_size": 64},
+        "rollout": {"n": plan.rl_n, "temperature": 1.0, "micro_batch_size": 128},
         "actor": {
-            "optim": {"lr": 1e-4, "warmup_steps": 2},
-            "ppo_mini_batch_size": 4,
-            "ppo_micro_batch_size": 32,
+            "optim": {"lr": plan.rl_lr, "warmup_steps": plan.rl_warmup},
+            "ppo_mini_batch_size": plan.rl_prompts,
+            "ppo_micro_batch_size": min(64, plan.rl_prompts * plan.rl_n),
+            "log_prob_micro_batch_size": 64,
             "use_kl_loss": True,
-            "kl_loss_coef": 0.01,
+            "kl_loss_coef": plan.kl_coef,
             "kl_loss_type": "low_var_kl",
         },
         "algorithm": {"adv_estimator": "grpo"},
         "trainer": {
-            "experiment_name": "demo",
-            "run_dir": str(out / "run"),
+            "experiment_name": "demo-grpo",
+            "run_dir": str(run_dir),
             "overwrite": True,
-            "total_training_steps": steps,
-            "test_freq": max(1, steps // 2),
+            "total_training_steps": plan.max_steps,
+            "max_time_s": plan.rl_s,
+            "val_before_train": False,
             "seed": seed,
+            "collapse": {
+                "min_mixed_groups_ratio": 0.25,
+                "max_score_drop": 0.5,
+                "max_kl": 0.3,
+                "patience": 3,
+                "keep_last_healthy": True,
+            },
         },
     }
 
 
-def _val_line(v: dict[str, float]) -> str:
-    return (
-        f"format {v.get('val/kk_logic/format_ok', float('nan')):.2f}, "
-        f"score {v.get('val/kk_logic/score', float('nan')):+.2f}, accuracy {v.get('val/acc', float('nan')):.3f}"
-    )
+def _accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[str, float]:
+    from lucidrl.evaluation import evaluate
+
+    r = evaluate(str(path), [files["val"]], k=plan.eval_k, max_new_tokens=plan.max_new_tokens, seed=seed)[
+        "data_sources"
+    ]["kk_logic"]
+    return {
+        "greedy_acc": r["greedy"]["acc"],
+        "greedy_format": r["greedy"]["format_ok"],
+        "sampled_acc": r["sampled"]["acc"],
+        "sampled_format": r["sampled"]["format_ok"],
+    }
 
 
-def run_demo(out: Path, steps: int = 10, seed: int = 0) -> dict[str, float]:
-    """Data, model, a supervised warm-up, then GRPO; print where everything went. Returns the last validation."""
+def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResult:
     from lucidrl.config import SFTConfig
-    from lucidrl.data.kk import write_kk_parquet
     from lucidrl.models import build_tiny_model
     from lucidrl.trainer.ppo import PPOTrainer
     from lucidrl.trainer.sft import SFTTrainer
 
+    res, t0 = SeedResult(seed=seed), time.perf_counter()
+    files = write_data(out / "data", plan, seed)
+    model = build_tiny_model(
+        out / "model", kk_tokenizer_corpus(seed), hidden_size=plan.hidden, num_layers=plan.layers, seed=seed
+    )
+    console.print(
+        f"[bold]seed {seed}[/bold]: {plan.labelled} labelled traces, {plan.unlabelled} unlabelled puzzles, "
+        f"{plan.val} held out; tiny Qwen2 {model['num_parameters'] / 1e6:.1f}M parameters"
+    )
+
+    def sft(model_path: str, run_dir: Path, seconds: float) -> int:
+        cfg = sft_config(model_path, files, run_dir, plan, seed, seconds)
+        trainer = SFTTrainer(config_from_dict(cfg, source="lucidrl demo", schema=SFTConfig))
+        trainer.fit()
+        return trainer.global_step
+
+    console.print(f"  SFT on the labelled traces for {plan.sft_s:.0f} s")
+    sft(model["path"], out / "sft", plan.sft_s)
+    start_model = out / "sft" / "final"
+    res.start = _accuracy(start_model, files, plan, seed)
+    console.print(f"  start (SFT checkpoint): {_line(res.start)}")
+
+    console.print(f"  a. GRPO on the unlabelled puzzles with the verifier for {plan.rl_s:.0f} s")
+    trainer = PPOTrainer(config_from_dict(grpo_config(str(start_model), files, out / "grpo", plan, seed)))
+    trainer.announce()
+    trainer.fit()
+    res.rl_steps = trainer.global_step
+    res.collapse = trainer.collapse.message() if trainer.collapse else None
+    res.rl = _accuracy(out / "grpo" / "final", files, plan, seed)
+    console.print(f"  after GRPO ({res.rl_steps} steps): {_line(res.rl)}")
+
+    console.print(f"  b. baseline: SFT continued on the same labelled traces for {plan.rl_s:.0f} s")
+    res.sft_only_steps = sft(str(start_model), out / "sft_only", plan.rl_s)
+    res.sft_only = _accuracy(out / "sft_only" / "final", files, plan, seed)
+    console.print(f"  SFT only: {_line(res.sft_only)}")
+    res.seconds["total"] = time.perf_counter() - t0
+    return res
+
+
+def _line(acc: dict[str, float]) -> str:
+    return (
+        f"greedy accuracy {acc['greedy_acc']:.2f} (format {acc['greedy_format']:.2f}), "
+        f"sampled {acc['sampled_acc']:.2f} (format {acc['sampled_format']:.2f})"
+    )
+
+
+def results_table(results: list[SeedResult]) -> Table:
+    table = Table(title="held-out greedy accuracy (sampled accuracy, k samples at T=1, in brackets)")
+    for col in (
+        "seed",
+        "RL start (SFT)",
+        "after GRPO",
+        "SFT only, same time",
+        "GRPO - start",
+        "GRPO - SFT only",
+    ):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(
+            str(r.seed),
+            f"{r.start['greedy_acc']:.2f} ({r.start['sampled_acc']:.2f})",
+            f"{r.rl['greedy_acc']:.2f} ({r.rl['sampled_acc']:.2f})" + (" collapse" if r.collapse else ""),
+            f"{r.sft_only['greedy_acc']:.2f} ({r.sft_only['sampled_acc']:.2f})",
+            f"{100 * (r.rl['greedy_acc'] - r.start['greedy_acc']):+.0f} pts",
+            f"{100 * (r.rl['greedy_acc'] - r.sft_only['greedy_acc']):+.0f} pts",
+        )
+    return table
+
+
+def run_demo(out: Path, seeds: list[int], plan: DemoPlan | None = None) -> list[SeedResult]:
+    """Run the experiment for each seed; print the per-seed table and the verdict; write JSON."""
+    plan = plan or DemoPlan()
     console = Console(highlight=False)
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    console.rule("[bold]lucidrl demo[/bold]: GRPO on Knights & Knaves, tiny model, CPU")
-    info = write_kk_parquet(out / "data", people=(2, 3), n_train=600, n_val=64, seed=seed)
+    console.rule("[bold]lucidrl demo[/bold]: scarce labels, a cheap verifier, GRPO vs SFT alone (CPU)")
+    results = []
+    for seed in seeds:
+        results.append(run_seed(out / f"seed{seed}", plan, seed, console))
+        (out / "demo_results.json").write_text(
+            json.dumps({"plan": asdict(plan), "seeds": [asdict(r) for r in results]}, indent=2)
+        )
+    console.rule("[bold]results[/bold]")
+    console.print(results_table(results))
+    wins = [
+        r for r in results
+        if r.rl["greedy_acc"] - max(r.start["greedy_acc"], r.sft_only["greedy_acc"]) >= 0.20
+    ]  # fmt: skip
+    gains = [100 * (r.rl["greedy_acc"] - r.sft_only["greedy_acc"]) for r in results]
     console.print(
-        f"1. data: {info['n_train']} train / {info['n_val']} val puzzles (2-3 people) -> {out / 'data'}"
+        f"GRPO beat both the start and SFT alone by >= 20 points in {len(wins)} of {len(results)} seeds "
+        f"(mean GRPO - SFT only: {statistics.mean(gains):+.1f} points)"
     )
-    model = build_tiny_model(
-        out / "model", kk_tokenizer_corpus(seed), hidden_size=128, num_layers=2, seed=seed
-    )
-    console.print(f"2. model: tiny Qwen2, {model['num_parameters'] / 1e6:.2f}M parameters -> {model['path']}")
+    for r in results:
+        if r.collapse:
+            console.print(f"seed {r.seed}: {r.collapse} (the last healthy weights were evaluated)")
+    per_seed = statistics.mean(r.seconds["total"] for r in results)
     console.print(
-        "3. supervised warm-up: 50 steps on the puzzles' answers (teaches the <think>/<answer> format)"
+        f"budget per seed: SFT {plan.sft_s:.0f} s + GRPO {plan.rl_s:.0f} s (the baseline: SFT {plan.sft_s:.0f} + "
+        f"{plan.rl_s:.0f} s); wall time {time.perf_counter() - start:.0f} s ({per_seed:.0f} s per seed, "
+        f"evaluation and the baseline included)"
     )
-    sft = SFTTrainer(config_from_dict(sft_config(out, seed), source="lucidrl demo", schema=SFTConfig))
-    sft.fit()
-    cfg = config_from_dict(grpo_config(out, steps, seed), source="lucidrl demo")
-    console.print(f"4. GRPO: {steps} steps of {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples")
-    trainer = PPOTrainer(cfg)
-    trainer.announce()
-    run_dir = trainer.fit()
-    first, last = trainer.first_val, trainer.last_val
-    console.rule("[bold]done[/bold]")
-    console.print(f"validation (greedy, {info['n_val']} puzzles) before GRPO: {_val_line(first)}")
-    console.print(f"validation (greedy, {info['n_val']} puzzles) after GRPO:  {_val_line(last)}")
-    console.print(f"metrics:     {run_dir / 'metrics.jsonl'} (SFT: {out / 'sft' / 'metrics.jsonl'})")
-    console.print(f"config:      {run_dir / 'config.yaml'}")
-    console.print(f"final model: {run_dir / 'final'} (HuggingFace format)")
-    console.print(f"wall time:   {time.perf_counter() - start:.1f} s")
-    return last
+    console.print(f"results: {out / 'demo_results.json'}; runs under {out}/seed*/ (sft, grpo, sft_only)")
+    return results

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ from lucidrl.config import LucidConfig
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
 from lucidrl.trainer import setup
+from lucidrl.trainer.collapse import CollapseMonitor, CollapseReport
 from lucidrl.trainer.collect import BatchCollector
 from lucidrl.trainer.metrics import step_metrics, timer, timing_metrics
 from lucidrl.trainer.tracking import Tracker
@@ -100,6 +102,9 @@ class PPOTrainer:
             and a.ppo_mini_batch_size == cfg.data.train_batch_size
         )
         self.global_step = 0
+        self.monitor = CollapseMonitor(cfg.trainer.collapse)
+        self.collapse: CollapseReport | None = None
+        self.healthy_step = 0  # the step whose weights the last snapshot holds (keep_last_healthy)
         self.last_val: dict[str, float] = {}
         self.first_val: dict[str, float] = {}
 
@@ -185,22 +190,53 @@ class PPOTrainer:
         return metrics
 
     def fit(self) -> Path:
-        """Train for the configured number of steps; returns the run directory."""
+        """Train for the configured steps (or time); stop on a detected collapse. Returns the run directory."""
         cfg = self.cfg.trainer
-        if self.cfg.trainer.val_before_train:
+        if cfg.val_before_train:
             self.tracker.log(self.validate(), step=0)
+        if cfg.collapse.keep_last_healthy:
+            self.workers.actor.snapshot_actor()  # the starting weights, until a healthy step replaces them
+        start = time.perf_counter()
         for _ in range(self.total_steps):
             self.global_step += 1
             metrics = self.step()
-            last = self.global_step == self.total_steps
+            collapse = self.monitor.update(self.global_step, metrics)
+            out_of_time = cfg.max_time_s is not None and time.perf_counter() - start >= cfg.max_time_s
+            stop = out_of_time or (collapse is not None and cfg.collapse.action == "stop")
+            if collapse is not None:
+                self.collapse = collapse
+                metrics["collapse/detected"] = 1.0
+                self._report_collapse(collapse)
+            elif cfg.collapse.keep_last_healthy and self.monitor.healthy:
+                self.workers.actor.snapshot_actor()
+                self.healthy_step = self.global_step
+            last = self.global_step == self.total_steps or stop
+            if collapse is not None and cfg.collapse.action == "stop" and cfg.collapse.keep_last_healthy:
+                self.workers.actor.restore_actor()
+                self.tracker.console.print(
+                    f"[dim]lucidrl:[/dim] restored the weights after step {self.healthy_step} "
+                    "(the last step with no sign of collapse); validation and the final model use them"
+                )
             if (cfg.test_freq and self.global_step % cfg.test_freq == 0) or last:
                 metrics.update(self.validate())
             self.tracker.log(metrics, step=self.global_step)
+            if out_of_time:
+                self.tracker.console.print(
+                    f"[dim]lucidrl:[/dim] stopped at step {self.global_step}: trainer.max_time_s={cfg.max_time_s} reached"
+                )
+            if stop:
+                break
         if cfg.save_final_model:
             self.save_model(self.run_dir / "final")
         self.tracker.close()
         self.workers.shutdown()  # Ray actors and placement groups; nothing to do in-process
         return self.run_dir
+
+    def _report_collapse(self, report: CollapseReport) -> None:
+        action = self.cfg.trainer.collapse.action
+        then = "stopping the run" if action == "stop" else "training on (trainer.collapse.action=warn)"
+        self.tracker.console.print(f"[bold red]lucidrl: {report.message()}[/bold red]; {then}")
+        (self.run_dir / "COLLAPSE.txt").write_text(report.message() + "\n")
 
     def save_model(self, path: Path) -> None:
         """A HuggingFace model folder (safetensors + tokenizer) loadable by from_pretrained."""

@@ -11,6 +11,7 @@ from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig
 from lucidrl.workers.forward import response_log_probs
+from lucidrl.workers.micro_batches import length_sorted_micro_batches, scatter_rows
 from lucidrl.workers.optim import build_optimizer, clip_grad
 
 
@@ -18,31 +19,64 @@ class NonFiniteLossError(FloatingPointError):
     """Every optimizer step of an update had a non-finite gradient norm: training cannot go on."""
 
 
+def per_token_log_probs(
+    model: torch.nn.Module,
+    batch: Batch,
+    micro_batch_size: int,
+    temperature: float,
+    with_entropy: bool,
+    share_prompt: bool,
+    length_sorted: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(bs, R) log-probs (and entropy) of the responses, in micro-batches (length-sorted and trimmed)."""
+    if length_sorted:
+        chunks = length_sorted_micro_batches(batch, micro_batch_size)
+    else:
+        chunks = [(torch.arange(a, min(a + micro_batch_size, len(batch))), mb) for a, mb in
+                  zip(range(0, len(batch), micro_batch_size), batch.split(micro_batch_size), strict=True)]  # fmt: skip
+    lps, ents = [], []
+    for idx, mb in chunks:
+        lp, ent = response_log_probs(
+            model, mb, temperature=temperature, with_entropy=with_entropy, share_prompt=share_prompt
+        )
+        lps.append((idx, lp))
+        ents.append((idx, ent))
+    width = batch["responses"].shape[1]
+    entropy = scatter_rows(ents, len(batch), width) if with_entropy else None
+    return scatter_rows(lps, len(batch), width), entropy
+
+
 class ReferenceWorker:
     """A frozen copy of the initial policy, for the KL term."""
 
     def __init__(
-        self, model: torch.nn.Module, *, micro_batch_size: int, temperature: float, share_prompt: bool = True
+        self,
+        model: torch.nn.Module,
+        *,
+        micro_batch_size: int,
+        temperature: float,
+        share_prompt: bool = True,
+        length_sorted: bool = True,
     ):
         self.model = model.eval().requires_grad_(False)
         self.share_prompt = share_prompt
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
+        self.length_sorted = length_sorted
 
     @torch.no_grad()
     def compute_log_prob(self, batch: Batch) -> Batch:
         """Batch with `ref_log_probs (bs, R)`."""
-        parts = [
-            response_log_probs(
-                self.model,
-                mb,
-                temperature=self.temperature,
-                with_entropy=False,
-                share_prompt=self.share_prompt,
-            )[0]
-            for mb in batch.split(self.micro_batch_size)
-        ]
-        return Batch(tensors={"ref_log_probs": torch.cat(parts) * batch["response_mask"]})
+        lp, _ = per_token_log_probs(
+            self.model,
+            batch,
+            self.micro_batch_size,
+            self.temperature,
+            False,
+            self.share_prompt,
+            self.length_sorted,
+        )
+        return Batch(tensors={"ref_log_probs": lp * batch["response_mask"]})
 
 
 class ActorWorker:
@@ -71,22 +105,16 @@ class ActorWorker:
         """Batch with `old_log_probs (bs, R)` and `entropy (bs, R)` under the current weights."""
         was_training = self.model.training
         self.model.eval()
-        lps, ents = [], []
+        c = self.cfg
         try:
-            for mb in batch.split(self.cfg.log_prob_micro_batch_size):
-                lp, ent = response_log_probs(
-                    self.model,
-                    mb,
-                    temperature=self.temperature,
-                    with_entropy=True,
-                    share_prompt=self.cfg.share_prompt_forward,
-                )
-                lps.append(lp)
-                ents.append(ent)
+            lp, ent = per_token_log_probs(
+                self.model, batch, c.log_prob_micro_batch_size, self.temperature, True,
+                c.share_prompt_forward, c.length_sorted_micro_batches,
+            )  # fmt: skip
         finally:
             self.model.train(was_training)
         mask = batch["response_mask"]
-        return Batch(tensors={"old_log_probs": torch.cat(lps) * mask, "entropy": torch.cat(ents) * mask})
+        return Batch(tensors={"old_log_probs": lp * mask, "entropy": ent * mask})
 
     def _micro_step(self, ub: Batch, weight: float, metrics: dict[str, list[float]]) -> None:
         cfg = self.cfg
@@ -124,6 +152,14 @@ class ActorWorker:
         for k, v in pg_metrics.items():
             metrics[f"actor/{k}"].append(float(v))
 
+    def _micro_batches(self, mb: Batch) -> list[Batch]:
+        """Length-sorted, padding-trimmed micro-batches; seq-mean-token-sum-norm divides by the padded
+        length, so with it (or the option off) the micro-batches are plain consecutive chunks."""
+        cfg = self.cfg
+        if cfg.length_sorted_micro_batches and cfg.loss_agg_mode != "seq-mean-token-sum-norm":
+            return [ub for _, ub in length_sorted_micro_batches(mb, cfg.ppo_micro_batch_size)]
+        return mb.split(cfg.ppo_micro_batch_size)
+
     def update(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each."""
         cfg = self.cfg
@@ -134,7 +170,7 @@ class ActorWorker:
         for _ in range(cfg.ppo_epochs):
             for mb in batch.split(mini):
                 self.optimizer.zero_grad(set_to_none=True)
-                for ub in mb.split(cfg.ppo_micro_batch_size):
+                for ub in self._micro_batches(mb):
                     self._micro_step(ub, len(ub) / len(mb), metrics)
                 grad_norm = clip_grad(self.model, cfg.optim.grad_clip)
                 steps += 1

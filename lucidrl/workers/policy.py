@@ -70,6 +70,7 @@ class PolicyWorker:
                     micro_batch_size=cfg.actor.log_prob_micro_batch_size,
                     temperature=cfg.rollout.temperature,
                     share_prompt=cfg.actor.share_prompt_forward,
+                    length_sorted=cfg.actor.length_sorted_micro_batches,
                 )
             # with one rank the rollout generates with the actor's own module; with several it gets a
             # full copy (FSDP2 shards the actor in place)
@@ -92,6 +93,7 @@ class PolicyWorker:
                 micro_batch_size=cfg.actor.log_prob_micro_batch_size,
                 temperature=cfg.rollout.temperature,
                 share_prompt=cfg.actor.share_prompt_forward,
+                length_sorted=cfg.actor.length_sorted_micro_batches,
             )
         if "critic" in roles:
             c = cfg.critic
@@ -145,6 +147,22 @@ class PolicyWorker:
             return "shared"
         self.rollout.model.load_state_dict(full_state_dict(actor.model))
         return "gathered"
+
+    @dispatch(Dispatch.ALL)
+    def snapshot_actor(self) -> str:
+        """Keep a copy of this rank's actor weights (its shard, on its device) to fall back on."""
+        model = self._need("actor", self.actor).model
+        self._snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return "kept"
+
+    @dispatch(Dispatch.ALL)
+    def restore_actor(self) -> str:
+        """Put the last snapshot back into the actor and the rollout (the optimizer state is not restored)."""
+        snapshot = getattr(self, "_snapshot", None)
+        if snapshot is None:
+            raise RuntimeError(f"rank {self.rank}: restore_actor called before any snapshot_actor")
+        self._need("actor", self.actor).model.load_state_dict(snapshot)
+        return self.sync_rollout()
 
     @dispatch(Dispatch.ALL)
     def save_model(self, path: str) -> str:

@@ -1,0 +1,91 @@
+"""Collapse detection: RL on small models fails by collapsing, and a collapsed run must not train on.
+
+A policy collapses in a few recognisable ways (REFERENCE.md, "What a tiny model learns on a CPU"):
+its sampling turns deterministic (entropy to ~0), its groups stop disagreeing (GRPO's mixed-score
+groups fall to a fraction of where they started, so there is no signal left), its reward falls away
+from the best it reached (format and accuracy to 0), or it runs away from the reference (KL grows).
+`CollapseMonitor` watches those step metrics; a sign must hold for `patience` consecutive steps. Then,
+with `action: stop`, the trainer stops, reports which sign fired with the numbers, logs
+`collapse/detected` and keeps the model from before the sign first appeared (a snapshot kept in
+memory) as the final model; with `action: warn` it reports once and trains on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CollapseReport:
+    step: int  # the step at which the sign had held for `patience` steps
+    onset_step: int  # the first step of that run of bad steps
+    reasons: list[str] = field(default_factory=list)
+
+    def message(self) -> str:
+        return (
+            f"policy collapse detected at step {self.step} (signs since step {self.onset_step}): "
+            + "; ".join(self.reasons)
+        )
+
+
+class CollapseMonitor:
+    """Feed it each step's metrics; it returns a CollapseReport when a sign has held `patience` steps."""
+
+    def __init__(self, cfg) -> None:  # cfg: config.schema.CollapseConfig
+        self.cfg = cfg
+        self.baseline_mixed: list[float] = []  # mixed-score group fractions of the first steps
+        self.best_score_ema: float | None = None
+        self.score_ema: float | None = None
+        self.bad_since: int | None = None
+        self.reported = False
+
+    def _signs(self, m: dict[str, float]) -> list[str]:
+        c, signs = self.cfg, []
+        entropy = m.get("actor/entropy")
+        if c.min_entropy is not None and entropy is not None and entropy < c.min_entropy:
+            signs.append(f"actor/entropy {entropy:.4f} < trainer.collapse.min_entropy {c.min_entropy}")
+        mixed = m.get("critic/groups_with_mixed_scores")
+        if mixed is not None and c.min_mixed_groups_ratio is not None:
+            if len(self.baseline_mixed) < c.baseline_steps:
+                self.baseline_mixed.append(mixed)
+            else:
+                base = sum(self.baseline_mixed) / len(self.baseline_mixed)
+                if base > 0 and mixed < c.min_mixed_groups_ratio * base:
+                    signs.append(
+                        f"critic/groups_with_mixed_scores {mixed:.2f} < {c.min_mixed_groups_ratio} x its "
+                        f"first-{c.baseline_steps}-step mean {base:.2f} (trainer.collapse.min_mixed_groups_ratio)"
+                    )
+        score = m.get("critic/score/mean")
+        if score is not None and c.max_score_drop is not None:
+            a = c.score_ema
+            self.score_ema = score if self.score_ema is None else a * self.score_ema + (1 - a) * score
+            if self.best_score_ema is not None and self.score_ema < self.best_score_ema - c.max_score_drop:
+                signs.append(
+                    f"critic/score/mean (EMA {self.score_ema:.3f}) fell more than trainer.collapse.max_score_drop "
+                    f"{c.max_score_drop} below its best {self.best_score_ema:.3f}"
+                )
+            self.best_score_ema = max(self.best_score_ema or self.score_ema, self.score_ema)
+        kl = m.get("actor/kl_loss", m.get("actor/reward_kl"))
+        if c.max_kl is not None and kl is not None and kl > c.max_kl:
+            signs.append(f"KL to the reference {kl:.4f} > trainer.collapse.max_kl {c.max_kl}")
+        return signs
+
+    def update(self, step: int, metrics: dict[str, float]) -> CollapseReport | None:
+        """Check one step; a report when a sign has held for `patience` steps (once per run)."""
+        if not self.cfg.enable:
+            return None
+        signs = self._signs(metrics)
+        if not signs:
+            self.bad_since = None
+            return None
+        if self.bad_since is None:
+            self.bad_since = step
+        if step - self.bad_since + 1 < self.cfg.patience or self.reported:
+            return None
+        self.reported = True
+        return CollapseReport(step=step, onset_step=self.bad_since, reasons=signs)
+
+    @property
+    def healthy(self) -> bool:
+        """No sign this step: the weights after it are a safe snapshot to fall back on."""
+        return self.bad_since is None

@@ -1,0 +1,66 @@
+"""Collapse signs (trainer/collapse.py): each fires only after `patience` bad steps in a row, names its numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from lucidrl.config import config_from_dict
+from lucidrl.config.loader import ConfigError
+from lucidrl.config.schema import CollapseConfig
+from lucidrl.trainer.collapse import CollapseMonitor
+
+
+def _feed(monitor: CollapseMonitor, rows: list[dict]) -> list:
+    return [monitor.update(step, m) for step, m in enumerate(rows, start=1)]
+
+
+def test_mixed_groups_falling_below_a_share_of_the_start_fires_after_patience():
+    mon = CollapseMonitor(CollapseConfig(patience=3, baseline_steps=2, min_mixed_groups_ratio=0.25))
+    mixed = [0.6, 0.8, 0.5, 0.1, 0.1, 0.3, 0.1, 0.1, 0.1]  # baseline 0.7 -> threshold 0.175
+    out = _feed(mon, [{"critic/groups_with_mixed_scores": v} for v in mixed])
+    assert out[:8] == [None] * 8  # steps 4-5 bad, 6 recovers (resets), 7-8 bad
+    report = out[8]
+    assert (report.step, report.onset_step) == (9, 7)
+    assert "groups_with_mixed_scores 0.10 < 0.25 x its first-2-step mean 0.70" in report.message()
+
+
+def test_a_start_with_no_mixed_groups_is_not_a_collapse():
+    mon = CollapseMonitor(CollapseConfig(patience=1, baseline_steps=1))
+    assert _feed(mon, [{"critic/groups_with_mixed_scores": 0.0}] * 5) == [None] * 5
+
+
+def test_entropy_kl_and_score_drop_signs():
+    cfg = CollapseConfig(patience=1, min_mixed_groups_ratio=None, min_entropy=0.05, max_kl=0.3)
+    assert CollapseMonitor(cfg).update(1, {"actor/entropy": 0.2, "actor/kl_loss": 0.1}) is None
+    r = CollapseMonitor(cfg).update(1, {"actor/entropy": 0.01, "actor/kl_loss": 0.5})
+    assert "actor/entropy 0.0100 < trainer.collapse.min_entropy 0.05" in r.message()
+    assert "KL to the reference 0.5000 > trainer.collapse.max_kl 0.3" in r.message()
+    drop = CollapseMonitor(
+        CollapseConfig(patience=2, min_mixed_groups_ratio=None, max_score_drop=0.5, score_ema=0.0)
+    )
+    out = _feed(drop, [{"critic/score/mean": s} for s in [0.0, 1.0, 0.8, 0.6, 0.4, 0.3]])
+    assert out[:5] == [None] * 5 and out[5].onset_step == 5  # 0.6 is within 0.5 of the best 1.0; 0.4 is not
+    assert (
+        "fell more than trainer.collapse.max_score_drop 0.5 below its best 1.000" in out[5].message()
+        and "EMA 0.300" in out[5].message()
+    )
+
+
+def test_reports_once():
+    mon = CollapseMonitor(CollapseConfig(patience=1, min_mixed_groups_ratio=None, min_entropy=1.0))
+    out = _feed(mon, [{"actor/entropy": 0.1}] * 4)
+    assert [r is not None for r in out] == [True, False, False, False]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"patience": 0}, "patience and trainer.collapse.baseline_steps must be >= 1"),
+        ({"min_mixed_groups_ratio": 1.5}, "min_mixed_groups_ratio must be in (0, 1]"),
+        ({"min_entropy": -1.0}, "min_entropy must be > 0 or null"),
+        ({"min_mixed_groups_ratio": None}, "every sign is off"),
+    ],
+)
+def test_config_errors_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        config_from_dict({"trainer": {"collapse": override}})

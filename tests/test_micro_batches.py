@@ -1,0 +1,96 @@
+"""Length-sorted, padding-trimmed micro-batches give the same numbers as plain ones (workers/micro_batches.py)."""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+
+import torch
+
+from lucidrl.batch import Batch
+from lucidrl.config.schema import ActorConfig, OptimConfig
+from lucidrl.data.dataset import collate, load_prompts
+from lucidrl.models import load_model
+from lucidrl.workers.actor import ActorWorker, per_token_log_probs
+from lucidrl.workers.micro_batches import length_sorted_micro_batches, scatter_rows, trim_response_padding
+from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+
+
+def _rollout_with_varied_lengths(kk_data, tiny_model, tok, n_prompts=4, n=4, width=20):
+    model = load_model(tiny_model["path"])
+    samples, _ = load_prompts([kk_data["train"]], tok, max_prompt_length=2048)
+    torch.manual_seed(0)
+    out = HFRollout(model, tok).generate(
+        collate(samples[:n_prompts], tok.pad_token_id), SamplingParams(n=n, max_new_tokens=width)
+    )
+    # a random model rarely ends early: cut responses to varied lengths, as eos would
+    lengths = torch.tensor([3, 20, 7, 12, 5, 9, 2, 16, 11, 4, 6, 8, 13, 10, 1, 15])[: len(out)]
+    mask = (torch.arange(out["responses"].shape[1])[None, :] < lengths[:, None]).float()
+    out.set("response_mask", mask)
+    out.set("responses", torch.where(mask.bool(), out["responses"], tok.pad_token_id))
+    out.set("rollout_log_probs", out["rollout_log_probs"] * mask)
+    return model, out
+
+
+def test_trim_cuts_response_columns_only():
+    b = Batch(
+        tensors={
+            "prompts": torch.ones(2, 5, dtype=torch.long),
+            "prompt_mask": torch.ones(2, 5),
+            "responses": torch.ones(2, 5, dtype=torch.long),
+            "response_mask": torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0.0]]),
+            "advantages": torch.ones(2, 5),
+        }
+    )
+    t = trim_response_padding(b)
+    assert t["prompts"].shape == (2, 5) and t["prompt_mask"].shape == (2, 5)
+    assert t["responses"].shape == (2, 3) and t["advantages"].shape == (2, 3)
+
+
+def test_groups_stay_together_sorted_by_their_longest_response(kk_data, tiny_model, tiny_tokenizer):
+    _, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
+    chunks = length_sorted_micro_batches(out, 8)
+    seen = torch.cat([idx for idx, _ in chunks]).tolist()
+    assert sorted(seen) == list(range(16))
+    # group maxima: p0 20, p1 16, p2 11, p3 15 -> order p2, p3, p1, p0
+    assert [out["uid"][i] for i in seen[::4]] == ["p2", "p3", "p1", "p0"]
+    assert [mb["responses"].shape[1] for _, mb in chunks] == [15, 20]
+
+
+def test_sorted_log_probs_and_update_match_plain_micro_batches(kk_data, tiny_model, tiny_tokenizer):
+    model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
+    with torch.no_grad():
+        plain = per_token_log_probs(model.eval(), out, 5, 1.0, True, True, False)
+        sorted_ = per_token_log_probs(model.eval(), out, 5, 1.0, True, True, True)
+    mask = out["response_mask"].bool()
+    assert (plain[0] - sorted_[0])[mask].abs().max() < 1e-5
+    assert (plain[1] - sorted_[1])[mask].abs().max() < 1e-5
+
+    out.set("old_log_probs", plain[0] * out["response_mask"])
+    out.set("advantages", torch.randn(len(out), 1).expand_as(out["response_mask"]) * out["response_mask"])
+    grads = []
+    for length_sorted in (False, True):
+        cfg = ActorConfig(
+            optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=4,
+            length_sorted_micro_batches=length_sorted,
+        )  # fmt: skip
+        actor = ActorWorker(copy.deepcopy(model).train(), cfg, temperature=1.0, samples_per_prompt=4)
+        chunks = actor._micro_batches(out)  # what update() runs, minus the optimizer step
+        assert [ub["responses"].shape[1] for ub in chunks] == (
+            [20] * 4 if not length_sorted else [11, 15, 16, 20]
+        )
+        metrics = defaultdict(list)
+        for ub in chunks:
+            actor._micro_step(ub, len(ub) / len(out), metrics)
+        grads.append({n: p.grad.clone() for n, p in actor.model.named_parameters() if p.grad is not None})
+    size = max(g.abs().max().item() for g in grads[0].values())
+    diff = max((grads[0][n] - grads[1][n]).abs().max().item() for n in grads[0])
+    assert size > 1e-3 and diff < 1e-6 * max(1.0, size), (size, diff)
+
+
+def test_scatter_rows_restores_order_and_width():
+    parts = [
+        (torch.tensor([2, 0]), torch.tensor([[1.0], [2.0]])),
+        (torch.tensor([1]), torch.tensor([[3.0, 4.0]])),
+    ]
+    assert scatter_rows(parts, 3, 3).tolist() == [[2, 0, 0], [3, 4, 0], [1, 0, 0]]
