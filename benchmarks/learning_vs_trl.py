@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 N_PROMPTS, N_SAMPLES, MAX_NEW = 16, 8, 160
 LR, WARMUP, KL_COEF, CLIP = 1e-4, 3, 0.02, 0.2
 
@@ -64,7 +66,8 @@ def worker_lucidrl(demo: Path, steps: int, every: int, work: Path) -> dict:
             path = work / f"lucidrl_step{step}"
             trainer.save_model(path)
             curve.append((step, train_s, greedy_accuracy(str(path), val)))
-    return {"curve": curve}
+        print(f"lucidrl step {step}: {train_s:.0f} s of training", file=sys.stderr, flush=True)
+    return {"curve": curve, "threads": torch.get_num_threads()}
 
 
 def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
@@ -101,6 +104,7 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
         def on_step_end(self, args, state, control, model=None, **kw):
             clock["train_s"] += time.perf_counter() - self.start
             step = state.global_step
+            print(f"trl step {step}: {clock['train_s']:.0f} s of training", file=sys.stderr, flush=True)
             if step % every == 0 or step == steps:
                 path = work / f"trl_step{step}"
                 model.save_pretrained(path)
@@ -110,6 +114,7 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
     config = GRPOConfig(
         output_dir=str(work / "trl"),
         use_cpu=True,
+        gradient_checkpointing=False,  # TRL's GRPOConfig turns it on by default: recompute costs time
         max_steps=steps,
         per_device_train_batch_size=64,
         gradient_accumulation_steps=N_PROMPTS * N_SAMPLES // 64,
@@ -141,7 +146,7 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
         callbacks=[Curve()],
     )
     trainer.train()
-    return {"curve": curve}
+    return {"curve": curve, "threads": torch.get_num_threads()}
 
 
 def run_worker(kind: str, demo: Path, steps: int, every: int, work: Path) -> dict:
@@ -150,9 +155,9 @@ def run_worker(kind: str, demo: Path, steps: int, every: int, work: Path) -> dic
     cmd = [sys.executable, __file__, "--worker", kind, "--from-demo", str(demo), "--steps", str(steps)]
     cmd += ["--eval-every", str(every), "--work", str(work)]
     env = {**tuned_env(), "TOKENIZERS_PARALLELISM": "false"}  # the same allocator settings for both
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env)  # progress: stderr
     if proc.returncode:
-        sys.exit(f"{kind} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        sys.exit(f"{kind} failed (its stderr is above):\n{proc.stdout[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -168,6 +168,7 @@ def worker_trl(work: Path, steps: int, bf16: bool) -> dict:
     config = GRPOConfig(
         output_dir=str(work / f"trl_{time.time_ns()}"),
         use_cpu=True,
+        gradient_checkpointing=False,  # TRL's GRPOConfig turns it on by default: recompute costs time
         bf16=bf16,
         max_steps=steps,
         per_device_train_batch_size=MICRO,
