@@ -1,4 +1,4 @@
-"""Length-sorted, padding-trimmed micro-batches give the same numbers as plain ones (workers/micro_batches.py)."""
+"""Length-sorted, padding-trimmed micro-batches: same log-probs, and the same gradient when micro-batches hold whole groups."""
 
 from __future__ import annotations
 

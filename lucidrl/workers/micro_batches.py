@@ -5,7 +5,10 @@ tokens about half of a padded forward is padding. `length_sorted_micro_batches` 
 groups by their longest response (samples of one prompt stay together, so the shared-prompt forward
 still runs each prompt once), cuts micro-batches of `size` samples from that order, and trims each
 micro-batch's response columns to its own longest response. `scatter_rows` puts per-token results
-back in the original order and width. The per-sample math is unchanged: only padding is dropped.
+back in the original order and width. Per-sample log-probs are unchanged (only padding is dropped).
+The update's micro-batches group different samples than plain chunks do, and the actor weights each
+micro-batch's token-mean by its sample count (as verl does), so with token-mean the loss weighting
+moves slightly when groups are regrouped; with whole groups in both it is identical.
 """
 
 from __future__ import annotations
