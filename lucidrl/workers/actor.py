@@ -11,7 +11,7 @@ from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig
 from lucidrl.workers.forward import response_log_probs
-from lucidrl.workers.micro_batches import length_sorted_micro_batches, scatter_rows
+from lucidrl.workers.micro_batches import micro_batches, scatter_rows
 from lucidrl.workers.optim import build_optimizer, clip_grad
 
 
@@ -29,11 +29,7 @@ def per_token_log_probs(
     length_sorted: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(bs, R) log-probs (and entropy) of the responses, in micro-batches (length-sorted and trimmed)."""
-    if length_sorted:
-        chunks = length_sorted_micro_batches(batch, micro_batch_size)
-    else:
-        chunks = [(torch.arange(a, min(a + micro_batch_size, len(batch))), mb) for a, mb in
-                  zip(range(0, len(batch), micro_batch_size), batch.split(micro_batch_size), strict=True)]  # fmt: skip
+    chunks = micro_batches(batch, micro_batch_size, length_sorted)
     lps, ents = [], []
     for idx, mb in chunks:
         lp, ent = response_log_probs(
@@ -156,9 +152,8 @@ class ActorWorker:
         """Length-sorted, padding-trimmed micro-batches; seq-mean-token-sum-norm divides by the padded
         length, so with it (or the option off) the micro-batches are plain consecutive chunks."""
         cfg = self.cfg
-        if cfg.length_sorted_micro_batches and cfg.loss_agg_mode != "seq-mean-token-sum-norm":
-            return [ub for _, ub in length_sorted_micro_batches(mb, cfg.ppo_micro_batch_size)]
-        return mb.split(cfg.ppo_micro_batch_size)
+        length_sorted = cfg.length_sorted_micro_batches and cfg.loss_agg_mode != "seq-mean-token-sum-norm"
+        return [ub for _, ub in micro_batches(mb, cfg.ppo_micro_batch_size, length_sorted)]
 
     def update(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each."""

@@ -52,6 +52,14 @@ def length_sorted_micro_batches(batch: Batch, size: int) -> list[tuple[torch.Ten
     return [(idx, trim_response_padding(batch.select(idx))) for idx in order.split(size)]
 
 
+def micro_batches(batch: Batch, size: int, length_sorted: bool) -> list[tuple[torch.Tensor, Batch]]:
+    """(indices, micro-batch) pairs: length-sorted and trimmed, or plain consecutive chunks."""
+    if length_sorted:
+        return length_sorted_micro_batches(batch, size)
+    return [(torch.arange(start, min(start + size, len(batch))), batch.slice(start, start + size))
+            for start in range(0, len(batch), size)]  # fmt: skip
+
+
 def scatter_rows(parts: list[tuple[torch.Tensor, torch.Tensor]], n_rows: int, width: int) -> torch.Tensor:
     """(n_rows, width) tensor with each part's (len(idx), w <= width) rows at its indices, zeros after w."""
     first = parts[0][1]
