@@ -46,6 +46,15 @@ def test_entropy_kl_and_score_drop_signs():
     )
 
 
+def test_a_best_score_of_zero_is_kept():
+    """K&K scores are negative when wrong: a best EMA of exactly 0.0 must not be replaced by a worse one."""
+    mon = CollapseMonitor(
+        CollapseConfig(patience=2, min_mixed_groups_ratio=None, max_score_drop=0.5, score_ema=0.0)
+    )
+    out = _feed(mon, [{"critic/score/mean": s} for s in [0.0, -1.0, -1.0]])
+    assert out[:2] == [None, None] and out[2].onset_step == 2 and "below its best 0.000" in out[2].message()
+
+
 def test_reports_once():
     mon = CollapseMonitor(CollapseConfig(patience=1, min_mixed_groups_ratio=None, min_entropy=1.0))
     out = _feed(mon, [{"actor/entropy": 0.1}] * 4)

@@ -64,7 +64,8 @@ class CollapseMonitor:
                     f"critic/score/mean (EMA {self.score_ema:.3f}) fell more than trainer.collapse.max_score_drop "
                     f"{c.max_score_drop} below its best {self.best_score_ema:.3f}"
                 )
-            self.best_score_ema = max(self.best_score_ema or self.score_ema, self.score_ema)
+            best = self.best_score_ema
+            self.best_score_ema = self.score_ema if best is None else max(best, self.score_ema)
         kl = m.get("actor/kl_loss", m.get("actor/reward_kl"))
         if c.max_kl is not None and kl is not None and kl > c.max_kl:
             signs.append(f"KL to the reference {kl:.4f} > trainer.collapse.max_kl {c.max_kl}")
