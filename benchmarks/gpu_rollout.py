@@ -6,7 +6,10 @@ unset so each engine stops rows at eos as it would in training. Engines run one 
 this process, the first call of each is warm-up (CUDA graphs, kernels) and not counted; printed:
 median seconds per batch, generated tokens/s and the ratio to transformers' generate, plus the peak
 GPU memory each engine held. vLLM is measured only when it imports and CUDA is there (`pip install
--c constraints.txt 'lucidrl[vllm]'` once the extra exists; vllm 0.32.0 pins torch 2.13.0).
+-c constraints.txt 'lucidrl[vllm]'`; vllm 0.32.0 pins torch 2.13.0), through lucidrl's own engine
+(`rollout.name=vllm`: weights pushed in memory, sleep between generations, its s/batch includes the
+push); it also checks that the pushed weights are the ones vLLM samples with (log-probs of its samples
+against the HF forward, before and after the push of perturbed weights).
 
     python benchmarks/gpu_rollout.py                      # on the GPU machine, a few minutes
     python benchmarks/gpu_rollout.py --device cpu --hidden 128 --layers 2 --prompts 4 --max-new 16   # smoke test
@@ -94,9 +97,6 @@ def main() -> None:
             )
             results[name] = (secs, toks, peak)
             print(f"  {name}: {statistics.median(secs):.2f} s per batch", flush=True)
-        del model
-        if args.device.startswith("cuda"):
-            torch.cuda.empty_cache()
         try:
             import vllm  # noqa: F401
 
@@ -104,25 +104,10 @@ def main() -> None:
         except ImportError:
             have_vllm = False
         if have_vllm:
-            from vllm import LLM
-            from vllm import SamplingParams as VSampling
-
-            llm = LLM(
-                model=info["path"],
-                dtype=str(dtype).removeprefix("torch."),
-                gpu_memory_utilization=0.5,
-                seed=0,
-            )
-            vparams = VSampling(n=args.n, temperature=1.0, max_tokens=args.max_new)
-            prompts = [{"prompt_token_ids": list(s.input_ids)} for s in samples]
-
-            def run_vllm() -> int:
-                outs = llm.generate(prompts, vparams, use_tqdm=False)
-                return sum(len(c.token_ids) for o in outs for c in o.outputs)
-
-            secs, toks = time_runs(run_vllm, args.repeats)
-            results["vllm"] = (secs, toks, float("nan"))  # vLLM reserves gpu_memory_utilization up front
+            check = vllm_engine_check(info, tok, model, batch, samples, args, dtype)
+            results["vllm"] = check.pop("timing")
         else:
+            check = None
             print("  vllm: not measured (needs `import vllm` to work and --device cuda)")
 
     base = statistics.median(
@@ -133,6 +118,68 @@ def main() -> None:
     for name, (secs, toks, peak) in results.items():
         tps = statistics.median(t / s for s, t in zip(secs, toks, strict=True))
         print(f"{name:14s} {statistics.median(secs):8.2f} {tps:10.0f} {tps / base:12.2f} {peak:9.2f}")
+    if check is not None:
+        print(
+            "\nlucidrl's vllm engine (rollout.name=vllm), weights pushed in memory from a perturbed HF model:\n"
+            f"  sampled-token log-prob |vLLM - HF forward|: max {check['lp_max']:.4f}, mean {check['lp_mean']:.5f} "
+            f"(the checkpoint vLLM loaded, before the push: mean {check['lp_mean_before']:.3f})\n"
+            f"  push {check['push_s']:.2f} s, generate with sleep/wake {check['gen_s']:.2f} s, GPU memory in use "
+            f"while asleep {check['asleep_gib']:.2f} GiB (awake {check['awake_gib']:.2f} GiB)"
+        )
+
+
+def vllm_engine_check(info, tok, model, batch, samples, args, dtype) -> dict:
+    """Time lucidrl's VLLMRollout and check that pushed weights are the ones it samples with."""
+    from lucidrl.workers.forward import response_log_probs
+    from lucidrl.workers.rollout_hf import SamplingParams, eos_token_ids
+    from lucidrl.workers.rollout_vllm import VLLMRollout
+
+    engine = VLLMRollout(
+        info["path"], tok, eos_ids=eos_token_ids(model, tok), dtype=str(dtype).removeprefix("torch."),
+        gpu_memory_utilization=0.5, max_model_len=4096 + args.max_new, enable_sleep_mode=True, seed=0,
+    )  # fmt: skip
+    params = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.max_new)
+
+    def mean_lp_gap(out) -> tuple[float, float]:
+        with torch.no_grad():
+            lp, _ = response_log_probs(model, out.to(args.device), temperature=1.0, with_entropy=False)
+        mask = out["response_mask"].to(args.device).bool()
+        gap = (lp - out["rollout_log_probs"].to(args.device)).abs()[mask]
+        return gap.max().item(), gap.mean().item()
+
+    # before any push the engine holds the checkpoint; the HF model is about to move away from it
+    engine.load_weights(dict(model.named_parameters()))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    _, before = mean_lp_gap(engine.generate(batch, params))
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    engine.load_weights(dict(model.named_parameters()))
+    torch.cuda.synchronize()
+    push_s = time.perf_counter() - start
+    awake = torch.cuda.mem_get_info()
+    start = time.perf_counter()
+    out = engine.generate(batch, params)
+    gen_s = time.perf_counter() - start
+    asleep = torch.cuda.mem_get_info()
+    lp_max, lp_mean = mean_lp_gap(out)
+
+    def run_vllm() -> int:
+        engine.load_weights(dict(model.named_parameters()))
+        return int(engine.generate(batch, params)["response_mask"].sum())
+
+    secs, toks = time_runs(run_vllm, args.repeats)  # includes the push and the sleep/wake cycle
+    return {
+        "timing": (secs, toks, float("nan")),
+        "lp_max": lp_max,
+        "lp_mean": lp_mean,
+        "lp_mean_before": before,
+        "push_s": push_s,
+        "gen_s": gen_s,
+        "awake_gib": (awake[1] - awake[0]) / 2**30,
+        "asleep_gib": (asleep[1] - asleep[0]) / 2**30,
+    }
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ the other; evaluation time is not counted in the training time.
     .venv/bin/lucidrl demo --out outputs/demo             # makes the SFT'd model and the puzzles
     .venv/bin/python benchmarks/learning_vs_trl.py --from-demo outputs/demo/seed0 [--steps 24] [--eval-every 6]
 
-TRL is a benchmark dependency only: `pip install -c constraints.txt trl==1.16.0`.
+TRL is a benchmark dependency only: `pip install -c constraints.txt trl==1.16.0`. TRL's configs default
+to `bf16=True` even with `use_cpu=True`; on a CPU without native bf16 (AVX2 only, like ours) that sends
+its matmuls to torch's emulated bf16 gemm and a step took 350 s instead of ~25 s, so TRL runs here in
+float32 (`bf16=False`), without gradient checkpointing, as lucidrl does.
 """
 
 from __future__ import annotations
@@ -114,6 +117,7 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
     config = GRPOConfig(
         output_dir=str(work / "trl"),
         use_cpu=True,
+        bf16=False,  # TRL's configs default to bf16=True even on CPU: emulated bf16 gemm without AVX-512 BF16
         gradient_checkpointing=False,  # TRL's GRPOConfig turns it on by default: recompute costs time
         max_steps=steps,
         per_device_train_batch_size=64,

@@ -95,7 +95,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from lucidrl.serving.server import run_server
 
-    run_server(args.model, args.host, args.port, max_batch=args.max_batch, dtype=getattr(torch, args.dtype))
+    run_server(
+        args.model,
+        args.host,
+        args.port,
+        max_batch=args.max_batch,
+        dtype=getattr(torch, args.dtype),
+        accept_weights=args.accept_weights,
+    )
     return 0
 
 
@@ -244,6 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-batch", type=int, default=64, help="sequences per generate call (default 64)")
     serve.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    serve.add_argument(
+        "--accept-weights",
+        action="store_true",
+        help="let a trainer replace the weights (POST /lucidrl/weights; rollout.name=server)",
+    )
     serve.set_defaults(fn=_cmd_serve)
     return p
 

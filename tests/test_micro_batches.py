@@ -1,4 +1,5 @@
-"""Length-sorted, padding-trimmed micro-batches: same log-probs, and the same gradient when micro-batches hold whole groups."""
+"""Length-sorted, padding-trimmed micro-batches: same log-probs, and the same token-mean gradient however the
+mini-batch is cut into micro-batches."""
 
 from __future__ import annotations
 
@@ -68,24 +69,36 @@ def test_sorted_log_probs_and_update_match_plain_micro_batches(kk_data, tiny_mod
 
     out.set("old_log_probs", plain[0] * out["response_mask"])
     out.set("advantages", torch.randn(len(out), 1).expand_as(out["response_mask"]) * out["response_mask"])
-    grads = []
-    for length_sorted in (False, True):
+
+    def gradient(micro, length_sorted, by_samples=False):
         cfg = ActorConfig(
-            optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=4,
+            optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=micro,
             length_sorted_micro_batches=length_sorted,
         )  # fmt: skip
         actor = ActorWorker(copy.deepcopy(model).train(), cfg, temperature=1.0, samples_per_prompt=4)
         chunks = actor._micro_batches(out)  # what update() runs, minus the optimizer step
-        assert [ub["responses"].shape[1] for ub in chunks] == (
-            [20] * 4 if not length_sorted else [11, 15, 16, 20]
-        )
+        weights = [len(ub) / len(out) for ub in chunks] if by_samples else actor._loss_weights(out, chunks)
         metrics = defaultdict(list)
-        for ub in chunks:
-            actor._micro_step(ub, len(ub) / len(out), metrics)
-        grads.append({n: p.grad.clone() for n, p in actor.model.named_parameters() if p.grad is not None})
-    size = max(g.abs().max().item() for g in grads[0].values())
-    diff = max((grads[0][n] - grads[1][n]).abs().max().item() for n in grads[0])
-    assert size > 1e-3 and diff < 1e-6 * max(1.0, size), (size, diff)
+        for ub, w in zip(chunks, weights, strict=True):
+            actor._micro_step(ub, w, metrics)
+        widths = [ub["responses"].shape[1] for ub in chunks]
+        return {n: p.grad.clone() for n, p in actor.model.named_parameters() if p.grad is not None}, widths
+
+    def diff(a, b):
+        return max((a[n] - b[n]).abs().max().item() for n in a)
+
+    whole, _ = gradient(16, False)  # one micro-batch: the token mean over the whole mini-batch
+    size = max(g.abs().max().item() for g in whole.values())
+    assert size > 1e-3
+    plain4, widths = gradient(4, False)
+    assert widths == [20] * 4
+    sorted4, widths = gradient(4, True)
+    assert widths == [11, 15, 16, 20]  # each micro-batch cut to its own longest response
+    # token-mean is one mean over every token of the mini-batch, however it is cut into micro-batches
+    for grads in (plain4, sorted4, gradient(8, True)[0], gradient(2, False)[0]):
+        assert diff(whole, grads) < 1e-6 * max(1.0, size), diff(whole, grads)
+    # weighting micro-batches by their sample count (verl's) is not: micro-batches hold unequal tokens
+    assert diff(whole, gradient(4, False, by_samples=True)[0]) > 1e-4 * size
 
 
 def test_scatter_rows_restores_order_and_width():

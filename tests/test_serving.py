@@ -129,7 +129,8 @@ def test_wrong_model_is_404_and_server_errors_reach_the_rollout(served, kk_data,
     rollout = ServerRollout(served.url + "/v1", tiny_tokenizer, timeout_s=30)
     with pytest.raises(RolloutServerError, match=r"HTTP 400: max_tokens=0 must be >= 1"):
         rollout.generate(_prompts(kk_data, tiny_tokenizer, k=1), SamplingParams(max_new_tokens=0))
-    with pytest.raises(NotImplementedError, match="frozen-policy generation or evaluation"):
+    # a server started without --accept-weights refuses a push, saying how to allow it
+    with pytest.raises(RolloutServerError, match=r"HTTP 403: .*--accept-weights"):
         rollout.sync_weights(torch.nn.Linear(1, 1))
 
 

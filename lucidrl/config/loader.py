@@ -379,11 +379,51 @@ def _validate_rl(cfg: LucidConfig) -> None:
         raise ConfigError(
             f"trainer.test_freq must be >= 0 (0: validate after the last step), got {cfg.trainer.test_freq}"
         )
+    _validate_rollout_engine(cfg)
     _check_loggers(cfg.trainer.logger)
     _validate_names(cfg)
     from lucidrl.controller.placement import plan_groups
 
     plan_groups(cfg)
+
+
+def _validate_rollout_engine(cfg: LucidConfig) -> None:
+    r = cfg.rollout
+    if r.name == "server":
+        sv = r.server
+        if (sv.base_url is None) == (sv.host is None or sv.port is None):
+            raise ConfigError(
+                "rollout.name=server needs the server's address: rollout.server.base_url=http://HOST:PORT, "
+                f"or both rollout.server.host and rollout.server.port (got base_url={sv.base_url!r}, "
+                f"host={sv.host!r}, port={sv.port!r}). Start one with `lucidrl serve MODEL --accept-weights`."
+            )
+        if sv.timeout_s <= 0:
+            raise ConfigError(f"rollout.server.timeout_s must be > 0 seconds, got {sv.timeout_s}")
+    elif r.name == "vllm":
+        import importlib.util
+
+        v = r.vllm
+        if not str(cfg.trainer.device).startswith("cuda"):
+            raise ConfigError(
+                f"rollout.name=vllm runs vLLM on each rank's GPU, but trainer.device={cfg.trainer.device!r}; "
+                "set trainer.device=cuda, or use rollout.name=hf on a CPU"
+            )
+        if not 0.0 < v.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {v.gpu_memory_utilization}"
+            )
+        if v.max_model_len is not None and v.max_model_len < (
+            cfg.data.max_prompt_length + cfg.data.max_response_length
+        ):
+            raise ConfigError(
+                f"rollout.vllm.max_model_len={v.max_model_len} is shorter than data.max_prompt_length + "
+                f"data.max_response_length = {cfg.data.max_prompt_length + cfg.data.max_response_length}"
+            )
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                "rollout.name=vllm needs the vllm package, which is not installed in this environment; "
+                "install the extra with `pip install -c constraints.txt 'lucidrl[vllm]'` (vllm 0.32.0, CUDA)"
+            )
 
 
 # estimators whose baseline comes from the other samples of the same prompt

@@ -45,8 +45,33 @@ class ValKwargsConfig:
 
 
 @dataclass
+class ServerRolloutConfig:
+    """rollout.name=server: an OpenAI-compatible completions server that takes the actor's weights."""
+
+    base_url: str | None = None  # e.g. http://127.0.0.1:8000; or host + port
+    host: str | None = None
+    port: int | None = None
+    timeout_s: float = 600.0  # per HTTP request (a generation batch, a weight push)
+
+
+@dataclass
+class VLLMRolloutConfig:
+    """rollout.name=vllm: a vLLM engine in each rank's process, on its GPU (extra `lucidrl[vllm]`)."""
+
+    gpu_memory_utilization: float = 0.5  # the share of the GPU vLLM may take (weights + KV cache)
+    # release vLLM's KV cache and weights between generation and training (`LLM.sleep(level=2)`);
+    # the weights come back with the next update from the actor
+    enable_sleep_mode: bool = True
+    max_model_len: int | None = None  # None: data.max_prompt_length + data.max_response_length
+    enforce_eager: bool = False  # True: no CUDA graphs (less memory, slower decode)
+
+
+@dataclass
 class RolloutConfig:
-    name: Literal["hf"] = "hf"
+    # hf: generate in this process with the actor's module (CPU or GPU); vllm: a colocated vLLM
+    # engine, weights updated in memory after each step; server: an HTTP server (`lucidrl serve
+    # --accept-weights`) that receives the weights after each step
+    name: Literal["hf", "vllm", "server"] = "hf"
     n: int = 4  # samples per prompt
     temperature: float = 1.0
     top_p: float = 1.0
@@ -59,6 +84,8 @@ class RolloutConfig:
     # samples whatever the batching or the number of data-parallel ranks (slower: smaller generate calls)
     deterministic: bool = False
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    server: ServerRolloutConfig = field(default_factory=ServerRolloutConfig)
+    vllm: VLLMRolloutConfig = field(default_factory=VLLMRolloutConfig)
 
 
 @dataclass

@@ -5,6 +5,10 @@ trains with (HFRollout: same sampling, same log-probs at the request's temperatu
 only; requests are served one at a time, since `model.generate` is not thread-safe.
 
 Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/completions` (see protocol.py for the fields).
+With `--accept-weights` also `POST /lucidrl/weights`: a safetensors file of the model's parameters
+(every one, by name, same shapes) replaces the weights between requests; the trainer's server rollout
+engine (`rollout.name=server`) pushes the actor's weights this way after each update.
+`GET /lucidrl/weights` says whether the server accepts them and how many updates it has taken.
 Binds to 127.0.0.1 by default; any other address must be asked for explicitly.
 """
 
@@ -35,6 +39,7 @@ from lucidrl.serving.protocol import (
     parse_completion_request,
 )
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+from lucidrl.workers.rollout_server import WEIGHTS_PATH
 
 log = logging.getLogger("lucidrl.serving")
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -43,8 +48,18 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 class CompletionEngine:
     """Turns validated completion requests into OpenAI responses, one request at a time."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, model_name: str, *, max_batch: int = 64):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        model_name: str,
+        *,
+        max_batch: int = 64,
+        accept_weights: bool = False,
+    ):
         self.model = model.eval()
+        self.accept_weights = accept_weights
+        self.weights_version = 0  # weight updates taken so far
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.rollout = HFRollout(model, tokenizer, micro_batch_size=max_batch)
@@ -129,6 +144,58 @@ class CompletionEngine:
             rows.append((row[: int(length)], logps[i][: int(length)] if logps is not None else None))
         return rows
 
+    def weights_status(self) -> dict[str, Any]:
+        return {
+            "accepts": self.accept_weights,
+            "version": self.weights_version,
+            "parameters": sum(1 for _ in self.model.named_parameters()),
+        }
+
+    def max_weights_bytes(self) -> int:
+        """The largest weights body accepted: the parameters in float64, plus room for the header."""
+        return sum(p.numel() * 8 for p in self.model.parameters()) + (16 << 20)
+
+    def load_weights(self, raw: bytes) -> dict[str, Any]:
+        """Replace every parameter from a safetensors payload; refuse a partial or mis-shaped set."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        if not self.accept_weights:
+            raise RequestError(
+                "this server does not take weight updates; start it with `lucidrl serve MODEL "
+                "--accept-weights` to let a trainer push its weights",
+                None,
+                status=403,
+            )
+        try:
+            new = load(raw)
+        except (SafetensorError, ValueError) as e:
+            raise RequestError(f"the weights body is not a safetensors file: {e}", None) from e
+        own = dict(self.model.named_parameters())
+        missing, unexpected = sorted(set(own) - set(new)), sorted(set(new) - set(own))
+        if missing or unexpected:
+            raise RequestError(
+                f"the weights do not match the served model {self.model_name}: {len(missing)} parameter(s) "
+                f"missing (first: {missing[:3]}), {len(unexpected)} unexpected (first: {unexpected[:3]}); "
+                "push every parameter of the same architecture, by its named_parameters() name",
+                None,
+            )
+        bad = [
+            f"{k} {tuple(v.shape)} != {tuple(own[k].shape)}"
+            for k, v in new.items()
+            if v.shape != own[k].shape
+        ]
+        if bad:
+            raise RequestError(f"{len(bad)} parameter(s) have the wrong shape: {bad[:3]}", None)
+        nonfinite = [k for k, v in new.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        if nonfinite:
+            raise RequestError(f"{len(nonfinite)} parameter(s) hold NaN or inf: {nonfinite[:3]}", None)
+        with self._lock, torch.no_grad():  # between generations, never during one
+            for k, v in new.items():
+                own[k].copy_(v)
+            self.weights_version += 1
+        return {"version": self.weights_version, "parameters": len(new)}
+
     def models(self) -> dict[str, Any]:
         return {
             "object": "list",
@@ -175,16 +242,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"status": "ok", "model": engine.model_name})
         elif path == "/v1/models":
             self._send(200, engine.models())
+        elif path == WEIGHTS_PATH:
+            self._send(200, engine.weights_status())
         else:
             self._not_found(path)
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0].rstrip("/")
-        if path != "/v1/completions":
+        if path not in ("/v1/completions", WEIGHTS_PATH):
             self._not_found(path)
             return
         engine = self.server.engine
         try:
+            if path == WEIGHTS_PATH:
+                self._send(200, engine.load_weights(self._read_body(engine.max_weights_bytes())))
+                return
             req = engine.parse(self._read_json())
             self._send(200, engine.complete(req))
         except RequestError as e:
@@ -193,13 +265,16 @@ class _Handler(BaseHTTPRequestHandler):
             log.error("completion failed:\n%s", traceback.format_exc())
             self._send(500, error_body(f"{type(e).__name__}: {e}", None, type_="internal_server_error"))
 
-    def _read_json(self) -> Any:
+    def _read_body(self, limit: int) -> bytes:
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
-            raise RequestError("the request needs a Content-Length header and a JSON body", None)
-        if int(length) > MAX_BODY_BYTES:
-            raise RequestError(f"request body of {length} bytes exceeds {MAX_BODY_BYTES}", None, status=413)
-        raw = self.rfile.read(int(length))
+            raise RequestError("the request needs a Content-Length header and a body", None)
+        if int(length) > limit:
+            raise RequestError(f"request body of {length} bytes exceeds {limit}", None, status=413)
+        return self.rfile.read(int(length))
+
+    def _read_json(self) -> Any:
+        raw = self._read_body(MAX_BODY_BYTES)
         try:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -210,7 +285,7 @@ class _Handler(BaseHTTPRequestHandler):
             404,
             error_body(
                 f"no route {self.command} {path}; this server has GET /health, GET /v1/models, "
-                "POST /v1/completions",
+                f"POST /v1/completions, GET and POST {WEIGHTS_PATH}",
                 None,
                 type_="not_found_error",
             ),
@@ -306,11 +381,13 @@ def make_server(
     allow_non_loopback: bool = False,
     dtype: torch.dtype = torch.float32,
     device: str | None = None,
+    accept_weights: bool = False,
 ) -> tuple[ThreadingHTTPServer, ServerHandle]:
     """Bind a completions server for the HF model folder `model_path`; call handle.start() to serve.
 
     The socket is bound before the model loads, so a port in use fails at once. `port=0` picks a
     free port (read it from handle.port). A non-loopback `host` needs `allow_non_loopback=True`.
+    `accept_weights=True` lets clients replace the weights (POST /lucidrl/weights).
     """
     from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
 
@@ -333,7 +410,9 @@ def make_server(
         model = load_model(model_path, dtype=dtype)
         check_tokenizer_matches_model(model, tokenizer, model_path)
         target = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        server.engine = CompletionEngine(model.to(target), tokenizer, model_path, max_batch=max_batch)
+        server.engine = CompletionEngine(
+            model.to(target), tokenizer, model_path, max_batch=max_batch, accept_weights=accept_weights
+        )
     except BaseException:
         server.server_close()
         raise
@@ -347,6 +426,7 @@ def run_server(
     *,
     max_batch: int = 64,
     dtype: torch.dtype = torch.float32,
+    accept_weights: bool = False,
 ) -> None:
     """The `lucidrl serve` command: serve until SIGINT or SIGTERM, then shut down cleanly."""
     explicit = host is not None
@@ -359,7 +439,13 @@ def run_server(
             flush=True,
         )
     _, handle = make_server(
-        model_path, host, port, max_batch=max_batch, allow_non_loopback=explicit, dtype=dtype
+        model_path,
+        host,
+        port,
+        max_batch=max_batch,
+        allow_non_loopback=explicit,
+        dtype=dtype,
+        accept_weights=accept_weights,
     )
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -367,7 +453,9 @@ def run_server(
         handle.start()
         print(
             f"serving {model_path} at {handle.url} (port {handle.port}): POST /v1/completions, "
-            "GET /v1/models, GET /health. Ctrl-C stops.",
+            "GET /v1/models, GET /health"
+            + (f", POST {WEIGHTS_PATH} (weight updates accepted)" if accept_weights else "")
+            + ". Ctrl-C stops.",
             flush=True,
         )
         while not stop.wait(0.5):

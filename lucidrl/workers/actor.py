@@ -92,6 +92,7 @@ class ActorWorker:
         self.temperature = temperature
         # a mini-batch is ppo_mini_batch_size prompts in all; each data-parallel rank holds its share
         self.mini_batch = cfg.ppo_mini_batch_size * samples_per_prompt // world_size
+        self.world_size = world_size
         self.policy_loss_fn = get_policy_loss(cfg.policy_loss)
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim)
         self.nonfinite_skipped = 0
@@ -155,6 +156,25 @@ class ActorWorker:
         length_sorted = cfg.length_sorted_micro_batches and cfg.loss_agg_mode != "seq-mean-token-sum-norm"
         return [ub for _, ub in micro_batches(mb, cfg.ppo_micro_batch_size, length_sorted)]
 
+    def _loss_weights(self, mb: Batch, ubs: list[Batch]) -> list[float]:
+        """Each micro-batch's share of the mini-batch loss.
+
+        token-mean: its response tokens over the mini-batch's tokens on all ranks (times the rank
+        count, since data-parallel gradients are averaged), so the loss is one mean over every token
+        of the mini-batch whatever the micro-batching or the number of ranks. The seq-mean modes
+        average sequences: the share is the micro-batch's sample count (ranks hold equal counts).
+        """
+        if self.cfg.loss_agg_mode != "token-mean":
+            return [len(ub) / len(mb) for ub in ubs]
+        total = mb["response_mask"].sum().to(torch.float64)
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            total = total.to(mb["response_mask"].device)
+            dist.all_reduce(total)  # one scalar per mini-batch
+        total = max(float(total), 1.0)
+        return [self.world_size * float(ub["response_mask"].sum()) / total for ub in ubs]
+
     def update(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each."""
         cfg = self.cfg
@@ -165,8 +185,9 @@ class ActorWorker:
         for _ in range(cfg.ppo_epochs):
             for mb in batch.split(mini):
                 self.optimizer.zero_grad(set_to_none=True)
-                for ub in self._micro_batches(mb):
-                    self._micro_step(ub, len(ub) / len(mb), metrics)
+                ubs = self._micro_batches(mb)
+                for ub, weight in zip(ubs, self._loss_weights(mb, ubs), strict=True):
+                    self._micro_step(ub, weight, metrics)
                 grad_norm = clip_grad(self.model, cfg.optim.grad_clip)
                 steps += 1
                 if not math.isfinite(grad_norm):

@@ -6,9 +6,9 @@ groups by their longest response (samples of one prompt stay together, so the sh
 still runs each prompt once), cuts micro-batches of `size` samples from that order, and trims each
 micro-batch's response columns to its own longest response. `scatter_rows` puts per-token results
 back in the original order and width. Per-sample log-probs are unchanged (only padding is dropped).
-The update's micro-batches group different samples than plain chunks do, and the actor weights each
-micro-batch's token-mean by its sample count (as verl does), so with token-mean the loss weighting
-moves slightly when groups are regrouped; with whole groups in both it is identical.
+The update's micro-batches group different samples than plain chunks do; the actor weights each
+micro-batch's token-mean by its share of the mini-batch's tokens (ActorWorker._loss_weights), so the
+gradient does not depend on how samples are grouped into micro-batches.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ Which roles a rank hosts comes from the placement (by default all of them, in ev
 group). With several ranks the actor and critic train data-parallel (FSDP2 or DDP over gloo/NCCL);
 the rollout generates from its own full copy of the actor's weights, refreshed after each update,
 so generation never depends on the other ranks (ranks finish sequences at different times).
+
+The rollout engine (`rollout.name`): `hf` generates with the actor's own module (one rank) or a full
+copy (several); `vllm` is a vLLM engine in this process; `server` is an HTTP server that takes
+weights. For the last two the actor's full parameters are pushed before the first generation and
+after every update (`sync_rollout`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from lucidrl.models.loading import DTYPES
 from lucidrl.models.saving import save_hf_folder
 from lucidrl.workers.actor import ActorWorker, ReferenceWorker
 from lucidrl.workers.critic import CriticWorker, load_value_model
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+from lucidrl.workers.rollout_hf import HFRollout, SamplingParams, eos_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +77,10 @@ class PolicyWorker:
                     share_prompt=cfg.actor.share_prompt_forward,
                     length_sorted=cfg.actor.length_sorted_micro_batches,
                 )
-            # with one rank the rollout generates with the actor's own module; with several it gets a
-            # full copy (FSDP2 shards the actor in place)
-            rollout_model = copy.deepcopy(model) if sharded else model
+            # with one rank the hf rollout generates with the actor's own module; with several it gets
+            # a full copy (FSDP2 shards the actor in place)
+            rollout_model = copy.deepcopy(model) if sharded and cfg.rollout.name == "hf" else model
+            self.rollout = self._make_rollout(rollout_model)
             train_model = wrap_for_training(model, cfg.trainer.strategy, self.device) if sharded else model
             self.actor = ActorWorker(
                 train_model,
@@ -83,9 +89,8 @@ class PolicyWorker:
                 samples_per_prompt=cfg.rollout.n,
                 world_size=self.world_size,
             )
-            self.rollout = HFRollout(
-                rollout_model, self.tokenizer, micro_batch_size=cfg.rollout.micro_batch_size
-            )
+            if not isinstance(self.rollout, HFRollout):
+                self._push_rollout_weights()  # the engine must generate with the actor's weights
         elif "reference" in roles:
             ref = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code).to(self.device)
             self.reference = ReferenceWorker(
@@ -107,6 +112,59 @@ class PolicyWorker:
                 samples_per_prompt=cfg.rollout.n,
                 world_size=self.world_size,
             )
+
+    def _make_rollout(self, model: torch.nn.Module):
+        r, m = self.cfg.rollout, self.cfg.model
+        if r.name == "hf":
+            return HFRollout(
+                model, self.tokenizer, micro_batch_size=r.micro_batch_size, decode_loop=r.decode_loop
+            )
+        eos_ids = eos_token_ids(model, self.tokenizer)
+        if r.name == "server":
+            from lucidrl.workers.rollout_server import ServerRollout
+
+            sv = r.server
+            engine = ServerRollout(
+                sv.base_url,
+                self.tokenizer,
+                host=sv.host,
+                port=sv.port,
+                timeout_s=sv.timeout_s,
+                eos_ids=eos_ids,
+            )
+            engine.check_accepts_weights()
+            return engine
+        if r.name == "vllm":
+            from lucidrl.workers.rollout_vllm import VLLMRollout
+
+            v, d = r.vllm, self.cfg.data
+            return VLLMRollout(
+                m.path,
+                self.tokenizer,
+                eos_ids=eos_ids,
+                dtype=m.dtype,
+                gpu_memory_utilization=v.gpu_memory_utilization,
+                max_model_len=v.max_model_len or d.max_prompt_length + d.max_response_length,
+                enable_sleep_mode=v.enable_sleep_mode,
+                enforce_eager=v.enforce_eager,
+                seed=self.cfg.trainer.seed,
+                rank=self.rank,
+                world_size=self.world_size,
+            )
+        raise ValueError(f"rollout.name={r.name!r} is not an engine: use hf, vllm or server")
+
+    def _push_rollout_weights(self) -> str:
+        """Hand the actor's full parameters to a vllm or server engine (a collective when sharded)."""
+        actor = self._need("actor", self.actor)
+        names = [name for name, _ in unwrap(actor.model).named_parameters()]
+        if self.world_size > 1:
+            full = full_state_dict(actor.model)  # every rank takes part in the gather
+            named = {name: full[name] for name in names}
+        else:
+            named = dict(unwrap(actor.model).named_parameters())
+        if self.cfg.rollout.name == "server" and self.rank != 0:
+            return "rank 0 pushes"  # one server, one push
+        return self.rollout.load_weights(named)
 
     def _need(self, role: str, what):
         if what is None:
@@ -143,6 +201,8 @@ class PolicyWorker:
     def sync_rollout(self) -> str:
         """Give the rollout the actor's new weights (a collective gather when sharded)."""
         actor = self._need("actor", self.actor)
+        if not isinstance(self.rollout, HFRollout):
+            return self._push_rollout_weights()
         if self.rollout.model is actor.model:
             return "shared"
         self.rollout.model.load_state_dict(full_state_dict(actor.model))
@@ -170,7 +230,13 @@ class PolicyWorker:
         actor = self._need("actor", self.actor)
         state = full_state_dict(actor.model)
         if self.rank == 0:
-            model = self.rollout.model if self.world_size > 1 else unwrap(actor.model)
+            if self.world_size == 1:
+                model = unwrap(actor.model)
+            elif isinstance(self.rollout, HFRollout):
+                model = self.rollout.model  # a full copy already on this rank
+            else:  # vllm/server engines keep no full module here: build one on the CPU to save
+                m = self.cfg.model
+                model = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
             if model is not unwrap(actor.model):
                 model.load_state_dict(state)
             save_hf_folder(model, self.tokenizer, path)

@@ -36,6 +36,51 @@ def response_mask_from_ids(responses: torch.Tensor, eos_ids: list[int]) -> torch
     return (eos_before == 0).long()
 
 
+def eos_token_ids(model: torch.nn.Module, tokenizer) -> list[int]:
+    """The ids that end a response: the generation config's eos ids plus the tokenizer's."""
+    gen = getattr(model, "generation_config", None)
+    eos = gen.eos_token_id if gen is not None else None
+    eos_ids = list(eos) if isinstance(eos, list) else ([eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids.append(tokenizer.eos_token_id)
+    if not eos_ids:
+        raise ValueError(
+            "the tokenizer and the model's generation_config define no eos token; generation could not stop"
+        )
+    return eos_ids
+
+
+def batch_from_token_lists(
+    batch: Batch,
+    params: SamplingParams,
+    ids: list[list[int]],
+    logps: list[list[float]] | None,
+    pad_id: int,
+    eos_ids: list[int],
+) -> Batch:
+    """Right-pad per-sample token ids (n per prompt, interleaved) into the rollout's output batch."""
+    expanded = batch.repeat(params.n, interleave=True) if params.n > 1 else batch
+    if len(ids) != len(expanded):
+        raise RuntimeError(f"{len(ids)} responses for {len(expanded)} prompt copies (prompts x n)")
+    device = batch["prompts"].device
+    width = max(1, max(len(x) for x in ids))
+    responses = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    present = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, row in enumerate(ids):
+        responses[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        present[i, : len(row)] = 1
+    mask = present * response_mask_from_ids(responses, eos_ids)
+    expanded.set("responses", responses.masked_fill(mask == 0, pad_id).to(device))
+    expanded.set("response_mask", mask.to(device))
+    if logps is not None:
+        lp = torch.zeros((len(ids), width), dtype=torch.float32)
+        for i, row in enumerate(logps):
+            lp[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+        expanded.set("rollout_log_probs", (lp * mask).to(device))
+    expanded.meta["sampling"] = params
+    return expanded
+
+
 class HFRollout:
     """Generates with a HF causal LM in this process (colocated with the actor: weights are shared).
 
@@ -52,15 +97,7 @@ class HFRollout:
         self.model = model
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
-        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-        eos_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
-        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
-            eos_ids.append(tokenizer.eos_token_id)
-        if not eos_ids:
-            raise ValueError(
-                "the tokenizer and the model's generation_config define no eos token; generation could not stop"
-            )
-        self.eos_ids = eos_ids
+        self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id
 
     def sync_weights(self, model: torch.nn.Module) -> str:

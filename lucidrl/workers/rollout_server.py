@@ -2,8 +2,11 @@
 
 Same interface as HFRollout: `generate(batch, params)` adds `responses`, `response_mask` and (when
 sampling) `rollout_log_probs`. Prompts go out as token ids and come back as token ids (vLLM's
-`return_token_ids` extension), so nothing is re-tokenized. The server holds its own weights:
-this engine suits evaluation and frozen-policy generation, not on-policy training.
+`return_token_ids` extension), so nothing is re-tokenized. The server holds its own weights; for
+on-policy training (`rollout.name=server`) the trainer pushes the actor's weights to it after every
+update with `load_weights` (POST /lucidrl/weights, a safetensors body), which `lucidrl serve
+--accept-weights` takes. vLLM's OpenAI server has no such endpoint: with it, this engine only
+suits evaluation and frozen-policy generation.
 
 Seeds: `params.seed` is sent as the request's `seed`; lucidrl's server and vLLM then make each
 prompt's samples depend on (seed, prompt) only, whereas HFRollout seeds by (seed, uid), so the two
@@ -24,7 +27,9 @@ from typing import Any
 import torch
 
 from lucidrl.batch import Batch
-from lucidrl.workers.rollout_hf import SamplingParams, response_mask_from_ids
+from lucidrl.workers.rollout_hf import SamplingParams, batch_from_token_lists
+
+WEIGHTS_PATH = "/lucidrl/weights"  # lucidrl serve: GET says whether it takes weights, POST pushes them
 
 
 class RolloutServerError(RuntimeError):
@@ -66,14 +71,41 @@ class ServerRollout:
             )
         self.model_name = self._check_health(model_name)
 
-    def sync_weights(self, model: torch.nn.Module) -> str:
-        """A plain completions server cannot take new weights; this engine cannot follow a trained actor."""
-        raise NotImplementedError(
-            f"the server rollout engine ({self.base_url}) cannot receive the actor's weights: the server "
-            "loaded its own copy of the model, and a plain `lucidrl serve` / `vllm serve` has no weight "
-            "update endpoint. Use it for frozen-policy generation or evaluation; for on-policy training "
-            "use the hf (or vllm) rollout engine, or a server with its own weight-update endpoint."
+    def check_accepts_weights(self) -> int:
+        """Fail unless the server takes weight updates; returns how many it has taken so far."""
+        status, body = self._http("GET", WEIGHTS_PATH, purpose="weight-update check")
+        if status != 200 or not isinstance(body, dict) or not body.get("accepts"):
+            why = (
+                "it was started without --accept-weights"
+                if status == 200 and isinstance(body, dict)
+                else f"GET {WEIGHTS_PATH} answered HTTP {status} (not a lucidrl server? vLLM's has no "
+                "weight-update endpoint)"
+            )
+            raise RolloutServerError(
+                f"the server at {self.base_url} cannot receive the actor's weights: {why}. On-policy "
+                "training with rollout.name=server needs `lucidrl serve MODEL --accept-weights`; for a "
+                "frozen policy (evaluation) use the server without training, or use rollout.name=hf or vllm."
+            )
+        return int(body.get("version", 0))
+
+    def load_weights(self, named: dict[str, torch.Tensor]) -> str:
+        """Push every parameter (named_parameters() names) to the server; it swaps them between requests."""
+        from safetensors.torch import save
+
+        raw = save({k: v.detach().to("cpu").contiguous() for k, v in named.items()})
+        status, body = self._http(
+            "POST", WEIGHTS_PATH, raw, purpose="weight update", content_type="application/octet-stream"
         )
+        if status != 200:
+            raise RolloutServerError(
+                f"{self.base_url}{WEIGHTS_PATH} refused the actor's weights ({len(named)} tensors, "
+                f"{len(raw) / 2**20:.1f} MiB): HTTP {status}: {_error_message(body)}"
+            )
+        return f"pushed v{body.get('version')}"
+
+    def sync_weights(self, model: torch.nn.Module) -> str:
+        """Push `model`'s parameters (an unsharded module) to the server."""
+        return self.load_weights(dict(model.named_parameters()))
 
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         """Repeat each prompt n times (interleaved) and add responses, response_mask, rollout_log_probs."""
@@ -105,24 +137,7 @@ class ServerRollout:
             body, expected=len(prompts) * params.n, want_logprobs=params.do_sample
         )
 
-        expanded = batch.repeat(params.n, interleave=True) if params.n > 1 else batch
-        device = batch["prompts"].device
-        width = max(1, max(len(x) for x in ids))
-        responses = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
-        lengths = torch.zeros((len(ids), width), dtype=torch.long)
-        for i, row in enumerate(ids):
-            responses[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-            lengths[i, : len(row)] = 1
-        mask = lengths * response_mask_from_ids(responses, self.eos_ids)
-        expanded.set("responses", responses.masked_fill(mask == 0, self.pad_id).to(device))
-        expanded.set("response_mask", mask.to(device))
-        if logps is not None:
-            lp = torch.zeros((len(ids), width), dtype=torch.float32)
-            for i, row in enumerate(logps):
-                lp[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
-            expanded.set("rollout_log_probs", (lp * mask).to(device))
-        expanded.meta["sampling"] = params
-        return expanded
+        return batch_from_token_lists(batch, params, ids, logps, self.pad_id, self.eos_ids)
 
     # -- HTTP -------------------------------------------------------------------------------------
 
@@ -148,14 +163,21 @@ class ServerRollout:
         return str(data[0]["id"])
 
     def _http(
-        self, method: str, path: str, payload: dict[str, Any] | None = None, *, purpose: str
+        self,
+        method: str,
+        path: str,
+        payload: dict[str, Any] | bytes | None = None,
+        *,
+        purpose: str,
+        content_type: str = "application/json",
     ) -> tuple[int, Any]:
         """(status, decoded JSON body or raw text); connection failures raise RolloutServerError."""
         url = self.base_url + path
-        data = json.dumps(payload).encode() if payload is not None else None
-        req = urllib.request.Request(
-            url, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
+        if isinstance(payload, bytes):
+            data: bytes | None = payload
+        else:
+            data = json.dumps(payload).encode() if payload is not None else None
+        req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 status, raw = resp.status, resp.read()

@@ -1,0 +1,167 @@
+"""Rollout engine over vLLM, colocated with the actor on each rank's GPU (`rollout.name=vllm`).
+
+Same interface as HFRollout: `generate(batch, params)` adds `responses`, `response_mask` and (when
+sampling) `rollout_log_probs`. Prompts go in as token ids and responses come back as token ids, so
+nothing is re-tokenized.
+
+- Weights: vLLM loads the checkpoint once at start; after that the trainer pushes the actor's
+  parameters into the engine in memory (`load_weights`, the model's own `load_weights`, which maps
+  HF names onto vLLM's fused layers), first before the first generation, then after every update.
+- Memory: with `rollout.vllm.enable_sleep_mode` (the default) the engine sleeps at level 2 after
+  each generation, releasing its KV cache and weights so training gets the GPU; the weights wake
+  up for the next push and the KV cache for the next generation.
+- Log-probs: vLLM is started with `logprobs_mode="processed_logprobs"`, so the sampled tokens'
+  log-probs are taken after temperature, top-k and top-p, as HFRollout's are.
+- Each rank runs its own engine in its own process (tensor parallel 1; `external_launcher`, as in
+  TRL's colocated mode) on its share of the prompts.
+
+vLLM is an optional extra (`pip install 'lucidrl[vllm]'`, CUDA only); the config loader refuses
+`rollout.name=vllm` without it or without `trainer.device=cuda`.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lucidrl.batch import Batch
+from lucidrl.workers.rollout_hf import SamplingParams, batch_from_token_lists
+
+
+class VLLMRollout:
+    """Generates with a vLLM `LLM` in this process; `llm_factory` builds it (a test can pass its own)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: Any,
+        *,
+        eos_ids: list[int],
+        dtype: str,
+        gpu_memory_utilization: float,
+        max_model_len: int,
+        enable_sleep_mode: bool = True,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        llm_factory: Callable[..., Any] | None = None,
+        sampling_params_cls: type | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id
+        self.eos_ids = list(eos_ids)
+        self.sleep_mode = enable_sleep_mode
+        self._sampling_cls = sampling_params_cls
+        if llm_factory is None:
+            from vllm import LLM
+            from vllm import SamplingParams as VLLMSamplingParams
+
+            llm_factory, sampling_params_cls = LLM, VLLMSamplingParams
+            # external_launcher: vLLM runs in this process and joins the ranks' torch.distributed world
+            for key, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", world_size)):
+                os.environ.setdefault(key, str(value))
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29513")
+        self.llm = llm_factory(
+            model=model_path,
+            dtype=dtype,
+            tensor_parallel_size=1,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            enable_sleep_mode=enable_sleep_mode,
+            enforce_eager=enforce_eager,
+            distributed_executor_backend="external_launcher",
+            seed=seed + rank,
+            logprobs_mode="processed_logprobs",
+        )
+        self.weights_pushed = False
+        self.kv_awake = True
+        if self.sleep_mode:
+            self.llm.sleep(level=2)  # the actor's weights arrive with the first load_weights
+            self.kv_awake = False
+
+    def _vllm_model(self) -> Any:
+        return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+
+    def load_weights(self, named: dict[str, torch.Tensor]) -> str:
+        """Copy the actor's parameters (HF names, full tensors) into the engine, in GPU memory."""
+        if self.sleep_mode:
+            self.llm.wake_up(tags=["weights"])
+        model = self._vllm_model()
+        for name, tensor in named.items():
+            model.load_weights([(name, tensor.detach())])
+        self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
+        self.weights_pushed = True
+        return f"loaded {len(named)} tensors"
+
+    def sync_weights(self, model: torch.nn.Module) -> str:
+        return self.load_weights(dict(model.named_parameters()))
+
+    @torch.no_grad()
+    def generate(self, batch: Batch, params: SamplingParams) -> Batch:
+        """Repeat each prompt n times (interleaved) and add responses, response_mask, rollout_log_probs."""
+        if not self.weights_pushed:
+            raise RuntimeError(
+                "VLLMRollout.generate before load_weights: the engine sleeps without weights until the "
+                "actor's are pushed (PolicyWorker does this at start)"
+            )
+        prompts = [
+            row[mask.bool()].tolist()
+            for row, mask in zip(batch["prompts"].cpu(), batch["prompt_mask"].cpu(), strict=True)
+        ]
+        uids = batch.non_tensors.get("uid")
+        sampling = []
+        for i in range(len(prompts)):
+            seed = None
+            if params.seed is not None and params.do_sample:  # as HFRollout: by (seed, uid)
+                seed = params.seed + zlib.crc32(str(uids[i] if uids is not None else i).encode())
+            sampling.append(
+                self._sampling_cls(
+                    n=params.n,
+                    temperature=params.temperature if params.do_sample else 0.0,
+                    top_p=params.top_p if params.do_sample else 1.0,
+                    top_k=params.top_k if params.do_sample and params.top_k > 0 else -1,
+                    max_tokens=params.max_new_tokens,
+                    stop_token_ids=self.eos_ids,
+                    logprobs=0 if params.do_sample else None,
+                    seed=seed,
+                    detokenize=False,
+                )
+            )
+        if self.sleep_mode and not self.kv_awake:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.kv_awake = True
+        try:
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": p} for p in prompts], sampling_params=sampling, use_tqdm=False
+            )
+        finally:
+            if self.sleep_mode:
+                self.llm.sleep(level=2)  # frees KV cache and weights: the next push restores weights
+                self.kv_awake = False
+                self.weights_pushed = False
+        ids, logps = [], []
+        for out in outputs:
+            if len(out.outputs) != params.n:
+                raise RuntimeError(
+                    f"vLLM returned {len(out.outputs)} samples for a prompt, expected {params.n}"
+                )
+            for sample in out.outputs:
+                tokens = [int(t) for t in sample.token_ids]
+                ids.append(tokens)
+                if params.do_sample:
+                    if sample.logprobs is None or len(sample.logprobs) != len(tokens):
+                        raise RuntimeError(
+                            "vLLM returned no log-prob for some sampled tokens (logprobs=0 was set)"
+                        )
+                    logps.append(
+                        [float(step[t].logprob) for step, t in zip(sample.logprobs, tokens, strict=True)]
+                    )
+        return batch_from_token_lists(
+            batch, params, ids, logps if params.do_sample else None, self.pad_id, self.eos_ids
+        )

@@ -1,0 +1,280 @@
+"""Rollout engines in the trainer: rollout.name=server (weights pushed to `lucidrl serve --accept-weights`),
+rollout.name=vllm (its wiring, against a recording stand-in for vllm.LLM: no GPU or vllm here), and
+rollout.decode_loop reaching the hf engine."""
+
+import importlib.util
+import json
+import types
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+import yaml
+from helpers import TOY_REWARD
+from safetensors.torch import load_file, save
+
+from lucidrl.cli import main
+from lucidrl.config import ConfigError, config_from_dict
+from lucidrl.data.dataset import collate, load_prompts
+from lucidrl.models import load_model
+from lucidrl.serving.server import make_server
+from lucidrl.workers.policy import PolicyWorker
+from lucidrl.workers.rollout_hf import SamplingParams
+from lucidrl.workers.rollout_server import WEIGHTS_PATH, RolloutServerError, ServerRollout
+from lucidrl.workers.rollout_vllm import VLLMRollout
+
+
+def _post(url, raw: bytes):
+    req = urllib.request.Request(url, data=raw, headers={"Content-Type": "application/octet-stream"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture
+def weight_server(tiny_model):
+    server, handle = make_server(str(tiny_model["path"]), "127.0.0.1", 0, accept_weights=True)
+    handle.start()
+    yield server, handle
+    handle.stop()
+
+
+def test_weights_endpoint_replaces_every_parameter_and_refuses_partial_sets(weight_server, tiny_model):
+    server, handle = weight_server
+    engine = server.engine
+    params = {k: v.detach().clone() for k, v in engine.model.named_parameters()}
+    new = {k: v + 0.5 for k, v in params.items()}
+    status, body = _post(handle.url + WEIGHTS_PATH, save(new))
+    assert status == 200 and body == {"version": 1, "parameters": len(new)}
+    for k, v in engine.model.named_parameters():
+        assert torch.equal(v, new[k]), k
+    # one parameter missing: refused by name, nothing changed
+    partial = dict(new)
+    dropped = sorted(partial)[0]
+    del partial[dropped]
+    status, body = _post(handle.url + WEIGHTS_PATH, save({k: v * 0 for k, v in partial.items()}))
+    assert status == 400 and dropped in body["error"]["message"] and "missing" in body["error"]["message"]
+    # a wrong shape and a NaN are refused too
+    name = sorted(new)[1]
+    status, body = _post(handle.url + WEIGHTS_PATH, save({**new, name: torch.zeros(3)}))
+    assert status == 400 and name in body["error"]["message"]
+    status, body = _post(handle.url + WEIGHTS_PATH, save({**new, name: new[name] * float("nan")}))
+    assert status == 400 and "NaN" in body["error"]["message"]
+    status, body = _post(handle.url + WEIGHTS_PATH, b"not a safetensors file")
+    assert status == 400 and "safetensors" in body["error"]["message"]
+    assert engine.weights_version == 1
+    for k, v in engine.model.named_parameters():
+        assert torch.equal(v, new[k]), k
+
+
+def test_a_server_without_accept_weights_refuses_pushes_and_training(tiny_model, tiny_tokenizer):
+    server, handle = make_server(str(tiny_model["path"]), "127.0.0.1", 0)
+    with handle:
+        params = dict(server.engine.model.named_parameters())
+        status, body = _post(handle.url + WEIGHTS_PATH, save({k: v.detach() for k, v in params.items()}))
+        assert status == 403 and "--accept-weights" in body["error"]["message"]
+        rollout = ServerRollout(handle.url, tiny_tokenizer, timeout_s=30)
+        with pytest.raises(RolloutServerError, match="--accept-weights"):
+            rollout.check_accepts_weights()
+
+
+def _train_config(tmp_path, kk_data, tiny_model, rollout):
+    reward = tmp_path / "reward.py"
+    reward.write_text(TOY_REWARD)
+    cfg = {
+        "model": {"path": tiny_model["path"]},
+        "data": {
+            "train_files": [kk_data["train"]],
+            "val_files": [kk_data["val"]],
+            "max_prompt_length": 1024,
+            "max_response_length": 12,
+            "train_batch_size": 4,
+        },
+        "rollout": {"n": 2, **rollout},
+        # old log-probs recomputed by the actor, so rollout/logprob_diff_max compares engine and actor
+        "actor": {
+            "optim": {"lr": 1e-2},
+            "ppo_mini_batch_size": 4,
+            "ppo_micro_batch_size": 8,
+            "reuse_rollout_log_probs": False,
+        },
+        "reward": {"custom_function": {"path": str(reward), "name": "compute_score"}},
+        "trainer": {"run_dir": str(tmp_path / "run"), "total_training_steps": 2, "test_freq": 1},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.slow
+def test_training_through_a_server_pushes_the_actor_weights_every_step(
+    tmp_path, kk_data, tiny_model, weight_server
+):
+    server, handle = weight_server
+    config = _train_config(
+        tmp_path, kk_data, tiny_model, {"name": "server", "server": {"base_url": handle.url}}
+    )
+    assert main(["train", str(config)]) == 0
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # the server sampled with the actor's current weights at every step: its log-probs equal the
+    # actor's (a server left on the start weights differs by ~1 after a step at lr 1e-2)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for r in records[1:]:
+        assert r["rollout/logprob_diff_max"] < 1e-3, r["rollout/logprob_diff_max"]
+    assert server.engine.weights_version == 3  # at start, after step 1, after step 2
+    final = load_file(tmp_path / "run" / "final" / "model.safetensors")
+    start = load_file(f"{tiny_model['path']}/model.safetensors")
+    served = dict(server.engine.model.named_parameters())
+    assert max((final[k] - start[k]).abs().max().item() for k in served) > 0  # training moved them
+    for k, v in served.items():
+        assert torch.equal(v.detach(), final[k]), k
+
+
+def test_trainer_refuses_a_server_that_cannot_take_weights(tmp_path, kk_data, tiny_model, capsys):
+    server, handle = make_server(str(tiny_model["path"]), "127.0.0.1", 0)
+    with handle:
+        config = _train_config(
+            tmp_path,
+            kk_data,
+            tiny_model,
+            {"name": "server", "server": {"host": "127.0.0.1", "port": handle.port}},
+        )
+        assert main(["train", str(config)]) != 0
+    assert "--accept-weights" in capsys.readouterr().err
+
+
+def test_rollout_engine_config_errors_name_the_key():
+    base = {"model": {"path": "m"}, "data": {"train_files": ["x.parquet"]}}
+    with pytest.raises(ConfigError, match="rollout.server.base_url"):
+        config_from_dict({**base, "rollout": {"name": "server"}})
+    with pytest.raises(ConfigError, match="rollout.server.timeout_s"):
+        config_from_dict(
+            {**base, "rollout": {"name": "server", "server": {"base_url": "http://h:1", "timeout_s": 0}}}
+        )
+    with pytest.raises(ConfigError, match="trainer.device='cpu'"):
+        config_from_dict({**base, "rollout": {"name": "vllm"}})
+    cuda = {**base, "trainer": {"device": "cuda"}}
+    with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+        config_from_dict({**cuda, "rollout": {"name": "vllm", "vllm": {"gpu_memory_utilization": 1.5}}})
+    with pytest.raises(ConfigError, match="max_model_len"):
+        config_from_dict({**cuda, "rollout": {"name": "vllm", "vllm": {"max_model_len": 16}}})
+    if importlib.util.find_spec("vllm") is None:  # not installed here: the loader says how to get it
+        with pytest.raises(ConfigError, match=r"lucidrl\[vllm\]"):
+            config_from_dict({**cuda, "rollout": {"name": "vllm"}})
+
+
+def test_decode_loop_setting_reaches_the_hf_engine(tiny_model):
+    cfg = config_from_dict(
+        {
+            "model": {"path": str(tiny_model["path"])},
+            "data": {"train_files": ["x.parquet"]},
+            "rollout": {"decode_loop": "transformers"},
+        }
+    )
+    worker = PolicyWorker(cfg, frozenset({"actor", "rollout"}))
+    assert worker.rollout.decode_loop == "transformers"
+
+
+# -- vllm: the engine's wiring against a recording stand-in for vllm.LLM --------------------------------
+
+
+class FakeLLM:
+    """Records sleep/wake/load calls; generates by greedy decoding with a real HF model it holds."""
+
+    def __init__(self, hf_model, **kwargs):
+        self.kwargs = kwargs
+        self.hf = hf_model
+        self.calls = []
+        loaded = self.hf
+
+        class Model:
+            def load_weights(self, pairs):
+                for name, tensor in pairs:
+                    dict(loaded.named_parameters())[name].data.copy_(tensor)
+                self_calls.append(("load", len(pairs)))
+
+        self_calls = self.calls
+        runner = types.SimpleNamespace(model=Model())
+        self.llm_engine = types.SimpleNamespace(
+            model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(model_runner=runner))
+        )
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags):
+        self.calls.append(("wake", tuple(tags)))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset",))
+
+    def generate(self, prompts, sampling_params, use_tqdm):
+        self.calls.append(("generate", len(prompts)))
+        outs = []
+        for p, sp in zip(prompts, sampling_params, strict=True):
+            ids = torch.tensor([p["prompt_token_ids"]])
+            samples = []
+            for j in range(sp.n):
+                seq = self.hf.generate(ids, max_new_tokens=sp.max_tokens, do_sample=False)[0, ids.shape[1] :]
+                tokens = seq.tolist()
+                logprobs = [{t: types.SimpleNamespace(logprob=-0.1 * (j + 1))} for t in tokens]
+                samples.append(types.SimpleNamespace(token_ids=tokens, logprobs=logprobs))
+            outs.append(types.SimpleNamespace(outputs=samples))
+        return outs
+
+
+def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_model, tiny_tokenizer):
+    made = {}
+
+    def factory(**kwargs):
+        made["llm"] = FakeLLM(load_model(tiny_model["path"]).eval(), **kwargs)
+        return made["llm"]
+
+    engine = VLLMRollout(
+        str(tiny_model["path"]),
+        tiny_tokenizer,
+        eos_ids=[tiny_tokenizer.eos_token_id],
+        dtype="float32",
+        gpu_memory_utilization=0.4,
+        max_model_len=2048,
+        seed=7,
+        rank=1,
+        world_size=2,
+        llm_factory=factory,
+        sampling_params_cls=lambda **kw: types.SimpleNamespace(**kw),
+    )
+    llm = made["llm"]
+    assert llm.kwargs["seed"] == 8 and llm.kwargs["logprobs_mode"] == "processed_logprobs"
+    assert llm.kwargs["enable_sleep_mode"] and llm.calls == [("sleep", 2)]  # asleep until weights come
+    samples, _ = load_prompts([kk_data["train"]], tiny_tokenizer, max_prompt_length=2048)
+    batch = collate(samples[:2], tiny_tokenizer.pad_token_id)
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=11)
+    with pytest.raises(RuntimeError, match="before load_weights"):
+        engine.generate(batch, params)
+    actor = load_model(tiny_model["path"])
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.01)
+    assert engine.sync_weights(actor).startswith("loaded")
+    for name, p in llm.hf.named_parameters():
+        assert torch.equal(p, dict(actor.named_parameters())[name]), name
+    out = engine.generate(batch, params)
+    assert llm.calls[1:] == [
+        ("wake", ("weights",)),
+        *[("load", 1)] * len(list(actor.parameters())),
+        ("reset",),
+        ("wake", ("kv_cache",)),
+        ("generate", 2),
+        ("sleep", 2),
+    ]
+    assert len(out) == 4 and out["uid"] == [batch["uid"][0]] * 2 + [batch["uid"][1]] * 2
+    mask = out["response_mask"]
+    assert out["responses"].shape[1] <= 6 and mask.sum() > 0
+    # log-probs land on the response tokens, per sample (the stand-in gives -0.1 and -0.2)
+    assert torch.allclose(out["rollout_log_probs"][0][mask[0].bool()], torch.tensor(-0.1))
+    assert torch.allclose(out["rollout_log_probs"][1][mask[1].bool()], torch.tensor(-0.2))
+    with pytest.raises(RuntimeError, match="before load_weights"):  # asleep again: weights discarded
+        engine.generate(batch, params)
