@@ -107,3 +107,27 @@ def test_scatter_rows_restores_order_and_width():
         (torch.tensor([1]), torch.tensor([[3.0, 4.0]])),
     ]
     assert scatter_rows(parts, 3, 3).tolist() == [[2, 0, 0], [3, 4, 0], [1, 0, 0]]
+
+
+def test_entropy_is_a_graph_free_metric_unless_it_is_in_the_loss(kk_data, tiny_model, tiny_tokenizer):
+    from lucidrl.workers.forward import response_log_probs
+
+    model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
+    model.train()
+    lp, ent = response_log_probs(model, out, temperature=1.0, with_entropy=True, entropy_grad=False)
+    lp2, ent2 = response_log_probs(model, out, temperature=1.0, with_entropy=True, entropy_grad=True)
+    assert lp.requires_grad and not ent.requires_grad and ent2.requires_grad
+    assert torch.equal(ent, ent2.detach()) and torch.equal(lp.detach(), lp2.detach())
+
+    out.set("old_log_probs", lp.detach() * out["response_mask"])
+    out.set("advantages", torch.randn(len(out), 1).expand_as(out["response_mask"]) * out["response_mask"])
+    grads = []
+    for coeff in (0.0, 0.5):  # with a coefficient the entropy bonus must reach the gradient
+        cfg = ActorConfig(optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=16,
+                          entropy_coeff=coeff)  # fmt: skip
+        actor = ActorWorker(copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4)
+        metrics = defaultdict(list)
+        actor._micro_step(out, 1.0, metrics)
+        assert metrics["actor/entropy"][0] > 0
+        grads.append(torch.cat([p.grad.flatten() for p in actor.model.parameters() if p.grad is not None]))
+    assert (grads[0] - grads[1]).abs().max() > 1e-4

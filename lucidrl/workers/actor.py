@@ -122,6 +122,7 @@ class ActorWorker:
             temperature=self.temperature,
             with_entropy=True,
             share_prompt=cfg.share_prompt_forward,
+            entropy_grad=bool(cfg.entropy_coeff),  # otherwise a metric: kept out of autograd
         )
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=ub["old_log_probs"],

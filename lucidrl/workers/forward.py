@@ -68,8 +68,13 @@ def response_log_probs(
     temperature: float,
     with_entropy: bool,
     share_prompt: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(response token) (bs, R) at `temperature`, and the entropy (bs, R) if asked.
+
+    `entropy_grad=False`: the entropy is a metric only, computed outside autograd, so its (bs, R, V)
+    softmax is neither kept for backward nor part of the graph (with a 150k vocabulary that is
+    gigabytes per micro-batch).
 
     `share_prompt`: run each distinct prompt once for all its samples (_response_logits_shared_prefix);
     it applies when consecutive samples share a uid, as rollouts lay them out.
@@ -87,5 +92,10 @@ def response_log_probs(
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = logprobs_from_logits(logits, batch["responses"])
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    entropy = None
+    if with_entropy and entropy_grad:
+        entropy = entropy_from_logits(logits)
+    elif with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach())
     return log_probs, entropy
