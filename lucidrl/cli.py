@@ -183,10 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run (default 0)")
     demo.add_argument("--labelled", type=int, help="labelled traces (default 200)")
     demo.add_argument("--unlabelled", type=int, help="unlabelled puzzles for GRPO (default 250)")
-    demo.add_argument("--sft-seconds", dest="sft_s", type=float, help="SFT before the branches (default 360)")
+    demo.add_argument("--sft-seconds", dest="sft_s", type=float, help="SFT before the branches (default 300)")
     demo.add_argument("--rl-seconds", dest="rl_s", type=float, help="each branch's time (default 360)")
-    demo.add_argument("--hidden", type=int, help="model width (default 256)")
-    demo.add_argument("--layers", type=int, help="model depth (default 4)")
+    demo.add_argument("--hidden", type=int, help="model width (default 128)")
+    demo.add_argument("--layers", type=int, help="model depth (default 2)")
     demo.set_defaults(fn=_cmd_demo)
 
     train = sub.add_parser("train", help="train from a YAML config plus key=value overrides")
