@@ -59,8 +59,8 @@ class VLLMRolloutConfig:
     """rollout.name=vllm: a vLLM engine in each rank's process, on its GPU (extra `lucidrl[vllm]`)."""
 
     gpu_memory_utilization: float = 0.5  # the share of the GPU vLLM may take (weights + KV cache)
-    # release vLLM's KV cache and weights between generation and training (`LLM.sleep(level=2)`);
-    # the weights come back with the next update from the actor
+    # between generations free vLLM's KV cache and move its weights to CPU memory (`LLM.sleep(level=1)`),
+    # so training gets the GPU; both wake up for the next weight push or generation
     enable_sleep_mode: bool = True
     max_model_len: int | None = None  # None: data.max_prompt_length + data.max_response_length
     enforce_eager: bool = False  # True: no CUDA graphs (less memory, slower decode)

@@ -7,9 +7,10 @@ nothing is re-tokenized.
 - Weights: vLLM loads the checkpoint once at start; after that the trainer pushes the actor's
   parameters into the engine in memory (`load_weights`, the model's own `load_weights`, which maps
   HF names onto vLLM's fused layers), first before the first generation, then after every update.
-- Memory: with `rollout.vllm.enable_sleep_mode` (the default) the engine sleeps at level 2 after
-  each generation, releasing its KV cache and weights so training gets the GPU; the weights wake
-  up for the next push and the KV cache for the next generation.
+- Memory: with `rollout.vllm.enable_sleep_mode` (the default) the engine sleeps at level 1 after
+  each generation: its KV cache is freed and its weights move to CPU memory, so training gets the
+  GPU; they wake up for the next push or generation. (Level 2 would discard the weights, and a second
+  generation before the next push, such as validation or ReMax's greedy baseline, would have none.)
 - Log-probs: vLLM is started with `logprobs_mode="processed_logprobs"`, so the sampled tokens'
   log-probs are taken after temperature, top-k and top-p, as HFRollout's are.
 - Each rank runs its own engine in its own process (tensor parallel 1; `external_launcher`, as in
@@ -79,11 +80,22 @@ class VLLMRollout:
             seed=seed + rank,
             logprobs_mode="processed_logprobs",
         )
-        self.weights_pushed = False
-        self.kv_awake = True
+        self.weights_pushed = False  # the actor's weights arrive with the first load_weights
+        self.weights_awake = self.kv_awake = True
         if self.sleep_mode:
-            self.llm.sleep(level=2)  # the actor's weights arrive with the first load_weights
-            self.kv_awake = False
+            self._sleep()
+
+    def _sleep(self) -> None:
+        self.llm.sleep(level=1)  # KV cache freed, weights kept in CPU memory
+        self.weights_awake = self.kv_awake = False
+
+    def _wake(self, tag: str) -> None:
+        if tag == "weights" and not self.weights_awake:
+            self.llm.wake_up(tags=["weights"])
+            self.weights_awake = True
+        elif tag == "kv_cache" and not self.kv_awake:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.kv_awake = True
 
     def _vllm_model(self) -> Any:
         return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
@@ -91,7 +103,7 @@ class VLLMRollout:
     def load_weights(self, named: dict[str, torch.Tensor]) -> str:
         """Copy the actor's parameters (HF names, full tensors) into the engine, in GPU memory."""
         if self.sleep_mode:
-            self.llm.wake_up(tags=["weights"])
+            self._wake("weights")
         model = self._vllm_model()
         for name, tensor in named.items():
             model.load_weights([(name, tensor.detach())])
@@ -107,8 +119,8 @@ class VLLMRollout:
         """Repeat each prompt n times (interleaved) and add responses, response_mask, rollout_log_probs."""
         if not self.weights_pushed:
             raise RuntimeError(
-                "VLLMRollout.generate before load_weights: the engine sleeps without weights until the "
-                "actor's are pushed (PolicyWorker does this at start)"
+                "VLLMRollout.generate before load_weights: the engine holds the checkpoint, not the "
+                "actor's weights, until they are pushed (PolicyWorker does this at start)"
             )
         prompts = [
             row[mask.bool()].tolist()
@@ -133,18 +145,16 @@ class VLLMRollout:
                     detokenize=False,
                 )
             )
-        if self.sleep_mode and not self.kv_awake:
-            self.llm.wake_up(tags=["kv_cache"])
-            self.kv_awake = True
+        if self.sleep_mode:
+            self._wake("weights")
+            self._wake("kv_cache")
         try:
             outputs = self.llm.generate(
                 [{"prompt_token_ids": p} for p in prompts], sampling_params=sampling, use_tqdm=False
             )
         finally:
             if self.sleep_mode:
-                self.llm.sleep(level=2)  # frees KV cache and weights: the next push restores weights
-                self.kv_awake = False
-                self.weights_pushed = False
+                self._sleep()
         ids, logps = [], []
         for out in outputs:
             if len(out.outputs) != params.n:
