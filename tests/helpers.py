@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
+
 import torch
+import yaml
 
 # a dense toy reward the random tiny model can improve on: the share of the letter 'e' in the response
 TOY_REWARD = """
@@ -20,3 +25,47 @@ def outcome_rewards(scores: list[float], lengths: list[int], T: int = 4) -> tupl
         mask[i, :n] = 1
         rewards[i, n - 1] = s
     return rewards, mask
+
+
+def http_call(
+    url: str, body: bytes | None = None, content_type: str = "application/json"
+) -> tuple[int, dict]:
+    """(status, JSON body) of a GET (no body) or POST; HTTP errors are returned, not raised."""
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def write_train_config(tmp_path, kk_data, tiny_model, **sections) -> str:
+    """A 2-step GRPO config on the tiny model and the toy reward; `sections` update its top-level keys."""
+    reward = tmp_path / "reward.py"
+    reward.write_text(TOY_REWARD)
+    cfg = {
+        "model": {"path": tiny_model["path"]},
+        "data": {
+            "train_files": [kk_data["train"]],
+            "val_files": [kk_data["val"]],
+            "max_prompt_length": 1024,
+            "max_response_length": 16,
+            "train_batch_size": 4,
+        },
+        "rollout": {"n": 4},
+        "actor": {
+            "optim": {"lr": 1e-3},
+            "ppo_mini_batch_size": 2,
+            "ppo_micro_batch_size": 4,
+            "use_kl_loss": True,
+            "kl_loss_type": "k3",
+            "kl_loss_coef": 0.01,
+        },
+        "reward": {"custom_function": {"path": str(reward), "name": "compute_score"}},
+        "trainer": {"run_dir": str(tmp_path / "run"), "total_training_steps": 2, "test_freq": 1},
+    }
+    for key, value in sections.items():
+        cfg[key].update(value)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path

@@ -5,13 +5,10 @@ rollout.decode_loop reaching the hf engine."""
 import importlib.util
 import json
 import types
-import urllib.error
-import urllib.request
 
 import pytest
 import torch
-import yaml
-from helpers import TOY_REWARD
+from helpers import http_call, write_train_config
 from safetensors.torch import load_file, save
 
 from lucidrl.cli import main
@@ -26,12 +23,7 @@ from lucidrl.workers.rollout_vllm import VLLMRollout
 
 
 def _post(url, raw: bytes):
-    req = urllib.request.Request(url, data=raw, headers={"Content-Type": "application/octet-stream"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return http_call(url, raw, content_type="application/octet-stream")
 
 
 @pytest.fixture
@@ -82,31 +74,21 @@ def test_a_server_without_accept_weights_refuses_pushes_and_training(tiny_model,
 
 
 def _train_config(tmp_path, kk_data, tiny_model, rollout):
-    reward = tmp_path / "reward.py"
-    reward.write_text(TOY_REWARD)
-    cfg = {
-        "model": {"path": tiny_model["path"]},
-        "data": {
-            "train_files": [kk_data["train"]],
-            "val_files": [kk_data["val"]],
-            "max_prompt_length": 1024,
-            "max_response_length": 12,
-            "train_batch_size": 4,
-        },
-        "rollout": {"n": 2, **rollout},
+    return write_train_config(
+        tmp_path,
+        kk_data,
+        tiny_model,
+        data={"max_response_length": 12},
+        rollout={"n": 2, **rollout},
         # old log-probs recomputed by the actor, so rollout/logprob_diff_max compares engine and actor
-        "actor": {
+        actor={
             "optim": {"lr": 1e-2},
             "ppo_mini_batch_size": 4,
             "ppo_micro_batch_size": 8,
             "reuse_rollout_log_probs": False,
+            "use_kl_loss": False,
         },
-        "reward": {"custom_function": {"path": str(reward), "name": "compute_score"}},
-        "trainer": {"run_dir": str(tmp_path / "run"), "total_training_steps": 2, "test_freq": 1},
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    )
 
 
 @pytest.mark.slow

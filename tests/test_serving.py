@@ -3,11 +3,10 @@
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 import torch
+from helpers import http_call
 
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.diagnostics.errors import UsageError
@@ -37,13 +36,7 @@ def _prompts(kk_data, tok, k=3):
 
 
 def _call(url, payload=None):
-    data = json.dumps(payload).encode() if isinstance(payload, dict) else payload
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return http_call(url, json.dumps(payload).encode() if isinstance(payload, dict) else payload)
 
 
 def test_health_and_models(served, tiny_model):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import TOY_REWARD
+from helpers import write_train_config
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -14,34 +14,7 @@ from lucidrl.cli import main
 
 
 def _config(tmp_path, kk_data, tiny_model, **extra):
-    reward = tmp_path / "reward.py"
-    reward.write_text(TOY_REWARD)
-    cfg = {
-        "model": {"path": tiny_model["path"]},
-        "data": {
-            "train_files": [kk_data["train"]],
-            "val_files": [kk_data["val"]],
-            "max_prompt_length": 1024,
-            "max_response_length": 16,
-            "train_batch_size": 4,
-        },
-        "rollout": {"n": 4},
-        "actor": {
-            "optim": {"lr": 1e-3},
-            "ppo_mini_batch_size": 2,
-            "ppo_micro_batch_size": 4,
-            "use_kl_loss": True,
-            "kl_loss_type": "k3",
-            "kl_loss_coef": 0.01,
-        },
-        "reward": {"custom_function": {"path": str(reward), "name": "compute_score"}},
-        "trainer": {"run_dir": str(tmp_path / "run"), "total_training_steps": 2, "test_freq": 1},
-    }
-    for key, value in extra.items():
-        cfg[key].update(value)
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_train_config(tmp_path, kk_data, tiny_model, **extra)
 
 
 @pytest.mark.slow

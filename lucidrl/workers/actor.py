@@ -171,7 +171,6 @@ class ActorWorker:
         if self.world_size > 1:
             import torch.distributed as dist
 
-            total = total.to(mb["response_mask"].device)
             dist.all_reduce(total)  # one scalar per mini-batch
         total = max(float(total), 1.0)
         return [self.world_size * float(ub["response_mask"].sum()) / total for ub in ubs]

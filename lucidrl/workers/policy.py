@@ -156,12 +156,10 @@ class PolicyWorker:
     def _push_rollout_weights(self) -> str:
         """Hand the actor's full parameters to a vllm or server engine (a collective when sharded)."""
         actor = self._need("actor", self.actor)
-        names = [name for name, _ in unwrap(actor.model).named_parameters()]
-        if self.world_size > 1:
-            full = full_state_dict(actor.model)  # every rank takes part in the gather
-            named = {name: full[name] for name in names}
-        else:
-            named = dict(unwrap(actor.model).named_parameters())
+        named = dict(unwrap(actor.model).named_parameters())
+        if self.world_size > 1:  # shards: gather the full tensors (every rank takes part)
+            full = full_state_dict(actor.model)
+            named = {name: full[name] for name in named}
         if self.cfg.rollout.name == "server" and self.rank != 0:
             return "rank 0 pushes"  # one server, one push
         return self.rollout.load_weights(named)
