@@ -82,7 +82,7 @@ def test_decode_loop_stops_rows_at_eos_and_compacts(kk_data, tiny_model, tiny_to
         batch["prompt_mask"],
         n=4,
         max_new_tokens=10,
-        eos_ids=list(range(tiny_tokenizer.vocab_size)),
+        eos_ids=list(range(model.config.vocab_size)),
         pad_id=0,
     )
     assert resp.shape == (8, 1) and torch.all(lp < 0)
@@ -109,3 +109,74 @@ def test_reserved_cache_layer_returns_what_was_written_and_grows_past_capacity()
     assert torch.equal(k, torch.cat([a, b], dim=2))
     cache.batch_select_indices(torch.tensor([1]))
     assert torch.equal(cache.layers[0].keys, torch.cat([a, b], dim=2)[1:])
+
+
+def test_sample_tokens_follows_the_probabilities_and_never_draws_a_zero():
+    from lucidrl.workers.decode import sample_tokens
+
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.25, 0.0, 0.75]])
+    draws = sample_tokens(probs.repeat(40_000, 1)).view(40_000, 3)
+    freq = torch.stack([torch.bincount(draws[:, i], minlength=4).float() / 40_000 for i in range(3)])
+    assert (freq - probs).abs().max() < 0.01
+    assert (freq[probs == 0] == 0).all()
+
+
+def _decode_both_ways(model, batch, **kw):
+    from lucidrl.workers.decode import _decode
+
+    out = []
+    for shared in (True, False):
+        torch.manual_seed(7)
+        out.append(_decode(model, batch["prompts"], batch["prompt_mask"], shared=shared, **kw))
+    return out
+
+
+def test_shared_prefix_attention_decodes_what_a_copied_prompt_cache_decodes(
+    kk_data, tiny_model, tiny_tokenizer
+):
+    """Left-padded prompts of different lengths, compaction as rows end, GQA: same tokens, same log-probs."""
+    model = load_model(tiny_model["path"]).eval()
+    assert model.config.num_attention_heads != model.config.num_key_value_heads  # GQA is exercised
+    batch = _prompts(kk_data, tiny_tokenizer, k=4)
+    assert (batch["prompt_mask"] == 0).any()  # some left padding
+    kw = dict(n=5, max_new_tokens=24, eos_ids=[tiny_tokenizer.eos_token_id, 5, 9], pad_id=0,
+              do_sample=True, temperature=0.9, top_k=-1, top_p=1.0)  # fmt: skip
+    (r_shared, lp_shared), (r_plain, lp_plain) = _decode_both_ways(model, batch, **kw)
+    assert torch.equal(r_shared, r_plain)
+    assert (r_shared == 0).any()  # some rows ended early (compaction ran)
+    assert (lp_shared - lp_plain).abs().max() < 1e-5
+
+
+def test_decoding_falls_back_when_the_attention_ignores_the_shared_prefix(
+    kk_data, tiny_model, tiny_tokenizer, monkeypatch
+):
+    """A model whose attention does not go through transformers' interface decodes the plain way, with a warning."""
+    import pytest
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.qwen2 import modeling_qwen2
+
+    from lucidrl.workers import decode
+
+    model = load_model(tiny_model["path"]).eval()
+    batch = _prompts(kk_data, tiny_tokenizer, k=2)
+    kw = dict(n=3, max_new_tokens=12, eos_ids=[tiny_tokenizer.eos_token_id], pad_id=0, do_sample=False)
+    expected = HFRollout(model, tiny_tokenizer, decode_loop="transformers").generate(
+        batch, SamplingParams(**{k: v for k, v in kw.items() if k in ("n", "max_new_tokens", "do_sample")})
+    )
+    monkeypatch.setattr(
+        modeling_qwen2.ALL_ATTENTION_FUNCTIONS, "get_interface", lambda *a: sdpa_attention_forward
+    )
+    monkeypatch.setattr(decode, "_NO_SHARED_PREFIX", set())
+    with pytest.warns(UserWarning, match="copy of the prompt cache per sample"):
+        resp, _ = decode.sample_group(model, batch["prompts"], batch["prompt_mask"], **kw)
+    assert torch.equal(resp, expected["responses"][:, : resp.shape[1]])
+    assert type(model) in decode._NO_SHARED_PREFIX  # decided once per model class
+
+
+def test_sample_tokens_at_the_top_of_the_cdf_never_lands_on_a_filtered_token(monkeypatch):
+    from lucidrl.workers import decode
+
+    probs = torch.tensor([[0.2, 0.8, 0.0, 0.0]])  # the last two filtered out (top-k / top-p)
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(*a[0], dtype=k.get("dtype")))
+    assert decode.sample_tokens(probs).tolist() == [1]

@@ -76,8 +76,12 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1: no top-k filtering
-    micro_batch_size: int = 64  # sequences per generate call
-    # "lucidrl": own loop, each prompt prefilled once for its n samples, finished rows dropped;
+    # samples per decoding call (hf engine): on 2 cores 64 prompts x 8 decode at 2.1k tokens/s in calls
+    # of 64 and 4.3k in one call of 512 (the prompts' cache is held once, not per sample); lower it if
+    # generation runs out of memory
+    micro_batch_size: int = 512
+    # "lucidrl": own loop, each prompt prefilled once and attended to once for its n samples
+    # (shared-prefix attention), finished rows dropped;
     # "transformers": model.generate (every copy of a prompt prefilled, finished rows kept)
     decode_loop: Literal["lucidrl", "transformers"] = "lucidrl"
     # generate each prompt's samples alone, from an RNG seeded by (trainer.seed, step, prompt): the same

@@ -1,18 +1,29 @@
 """lucidrl's own decoding loop: each prompt prefilled once for its n samples, finished rows dropped.
 
 `transformers.generate` prefills every copy of a prompt (n times the work for GRPO's groups) and
-keeps computing rows that already ended. This loop prefills the unique prompts, repeats their KV
-cache n times, samples with temperature / top-k / top-p, records the log-prob of each sampled token
-under the temperature-scaled distribution (what the actor's forward computes), and compacts the
-batch as rows reach an eos. Tokens after a row's eos are the pad id; log-probs there are 0.
+keeps computing rows that already ended. This loop prefills the unique prompts once, samples with
+temperature / top-k / top-p, records the log-prob of each sampled token under the
+temperature-scaled distribution (what the actor's forward computes), and compacts the batch as rows
+reach an eos. Tokens after a row's eos are the pad id; log-probs there are 0.
+
+With n > 1 the prompt's keys and values are not copied n times either: decoding attends to them
+through shared-prefix ("cascade") attention (`shared_prefix_attention`). The n samples' queries
+meet their prompt's keys in one matrix product per group, the samples' own tokens are attended to
+per row, and the two parts are merged by their log-sum-exp, which is exactly softmax attention over
+prompt + response. Decoding reads each prompt's cache once per step instead of n times; attention
+over the repeated cache was 45% of decode time (64 prompts x 8 samples, 240-token prompts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import warnings
+from dataclasses import dataclass, field
 
 import torch
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 # drop finished rows from the cache once this share of the active rows has ended
@@ -94,6 +105,133 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def last_logits_only(model: torch.nn.Module) -> dict[str, int]:
+    """Forward kwargs that skip the LM head on every position but the last (prompt forwards need only it)."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
+def sample_tokens(probs: torch.Tensor) -> torch.Tensor:
+    """One token per row of (rows, V) probabilities, by inverse CDF: one uniform draw per row.
+
+    `torch.multinomial` draws an exponential per vocabulary entry: 14 ms for 512 rows of 832 tokens
+    here, against 0.5 ms. A token of probability 0 (filtered by top-k / top-p) is never drawn: its
+    interval of the CDF is empty. (float32 sums give each token's interval to within 6e-8.)
+    """
+    cdf = probs.cumsum(-1)
+    u = torch.rand((probs.shape[0], 1), dtype=cdf.dtype, device=probs.device) * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    # rounding can put u at the very top of the CDF (odds ~2^-24): the likeliest token then
+    empty = probs.gather(-1, tokens[:, None]).squeeze(-1) == 0
+    return torch.where(empty, probs.argmax(-1), tokens) if bool(empty.any()) else tokens
+
+
+SHARED_PREFIX_ATTENTION = "lucidrl_shared_prefix"
+
+
+class SharedPrefixUnsupported(RuntimeError):
+    """The model's attention cannot decode over a shared prefix (it is then decoded the plain way)."""
+
+
+@dataclass
+class SharedPrefix:
+    """Each prompt's keys and values once, for decoding its n samples (see the module docstring)."""
+
+    keys_t: list[torch.Tensor]  # per layer, (bs, kv_heads, head_dim, P) float32, transposed for the matmul
+    values: list[torch.Tensor]  # per layer, (bs, kv_heads, P, head_dim) float32
+    mask: torch.Tensor  # (bs, P) bool: real prompt positions (False on left padding)
+    n: int
+    slots: torch.Tensor  # (rows,) each active row's index among bs * n (its prompt: slot // n)
+    layers_called: set[int] = field(default_factory=set)
+
+
+def shared_prefix_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Softmax attention of decoding rows over their prompt (shared per group) and their own tokens.
+
+    query (rows, heads, 1, d); key / value (rows, kv_heads, t, d): the rows' own tokens so far, all
+    attended to. The prompt part is one (n * heads / kv_heads, P) score matrix per prompt and kv
+    head; the two parts are merged with their maxima and normalisers, as flash attention merges
+    blocks. Returns (rows, 1, heads, d) like transformers' sdpa attention.
+    """
+    prefix = kwargs.get("shared_prefix")
+    if not isinstance(prefix, SharedPrefix) or query.shape[2] != 1:
+        raise SharedPrefixUnsupported("shared-prefix attention needs decode steps (one query) and the prefix")
+    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None or dropout:
+        raise SharedPrefixUnsupported("sliding-window, soft-capped or dropout attention")
+    layer = module.layer_idx
+    prefix.layers_called.add(layer)
+    k_t, v_p = prefix.keys_t[layer], prefix.values[layer]
+    bs, kv_heads, d, _ = k_t.shape
+    rows, heads = query.shape[:2]
+    g, n = heads // kv_heads, prefix.n
+    scale = scaling if scaling is not None else d**-0.5
+    q = query[:, :, 0, :].float()  # scores and their merge in float32 whatever the model's dtype
+    key, value = key.float(), value.float()
+    # prompt part: all n rows of a prompt against its keys at once; rows that ended contribute zeros
+    q_all = q.new_zeros((bs * n, heads, d))
+    q_all[prefix.slots] = q
+    q_all = q_all.view(bs, n, kv_heads, g, d).transpose(1, 2).reshape(bs, kv_heads, n * g, d)
+    s_p = torch.matmul(q_all, k_t) * scale
+    s_p = s_p.masked_fill(~prefix.mask[:, None, None, :], float("-inf"))
+    m_p = s_p.amax(-1, keepdim=True)  # every prompt has a real position: finite
+    e_p = torch.exp(s_p - m_p)
+    l_p, o_p = e_p.sum(-1, keepdim=True), torch.matmul(e_p, v_p)
+
+    def per_row(x: torch.Tensor) -> torch.Tensor:  # (bs, kv_heads, n * g, c) -> (rows, heads, c)
+        x = x.view(bs, kv_heads, n, g, -1).transpose(1, 2).reshape(bs * n, heads, -1)
+        return x[prefix.slots]
+
+    o_p, m_p, l_p = per_row(o_p), per_row(m_p), per_row(l_p)
+    # own part: each row's query against its own generated tokens
+    s_r = torch.matmul(q.reshape(rows, kv_heads, g, d), key.transpose(-1, -2)) * scale
+    m_r = s_r.amax(-1, keepdim=True)
+    e_r = torch.exp(s_r - m_r)
+    l_r = e_r.sum(-1, keepdim=True).reshape(rows, heads, 1)
+    o_r = torch.matmul(e_r, value).reshape(rows, heads, d)
+    m_r = m_r.reshape(rows, heads, 1)
+    m = torch.maximum(m_p, m_r)
+    a_p, a_r = torch.exp(m_p - m), torch.exp(m_r - m)
+    out = (o_p * a_p + o_r * a_r) / (l_p * a_p + l_r * a_r)
+    return out[:, None].to(query.dtype), None
+
+
+AttentionInterface.register(SHARED_PREFIX_ATTENTION, shared_prefix_attention)
+
+
+@contextlib.contextmanager
+def attention_implementation(model: torch.nn.Module, name: str):
+    """Run `model` with another registered attention function, restoring its own afterwards."""
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+# model classes whose attention ignored shared_prefix_attention (decoded the plain way from then on)
+_NO_SHARED_PREFIX: set[type] = set()
+
+
+def _can_share_prefix(model: torch.nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return (
+        type(model) not in _NO_SHARED_PREFIX
+        and config is not None
+        and hasattr(config, "_attn_implementation")
+        and "sliding_attention" not in (getattr(config, "layer_types", None) or [])
+    )
+
+
 @torch.no_grad()
 def sample_group(
     model: torch.nn.Module,
@@ -109,25 +247,74 @@ def sample_group(
     top_k: int = -1,
     top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Responses (bs*n, R) and sampling log-probs (bs*n, R) for left-padded prompts (bs, P); rows interleaved."""
+    """Responses (bs*n, R) and sampling log-probs (bs*n, R) for left-padded prompts (bs, P); rows interleaved.
+
+    n > 1 decodes over each prompt's cache once (shared-prefix attention) when the model's attention
+    goes through transformers' attention interface; otherwise, with a warning, each row gets a copy.
+    """
+    kwargs = dict(
+        n=n, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, do_sample=do_sample,
+        temperature=temperature, top_k=top_k, top_p=top_p,
+    )  # fmt: skip
+    if n > 1 and _can_share_prefix(model):
+        try:
+            return _decode(model, prompts, prompt_mask, shared=True, **kwargs)
+        except SharedPrefixUnsupported as e:
+            _NO_SHARED_PREFIX.add(type(model))
+            warnings.warn(
+                f"{type(model).__name__}: decoding with a copy of the prompt cache per sample, not the shared "
+                f"prefix ({e}); correct, only slower",
+                stacklevel=2,
+            )
+    return _decode(model, prompts, prompt_mask, shared=False, **kwargs)
+
+
+def _decode(
+    model: torch.nn.Module,
+    prompts: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    shared: bool,
+    n: int,
+    max_new_tokens: int,
+    eos_ids: list[int],
+    pad_id: int,
+    do_sample: bool,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     bs = prompts.shape[0]
     device = prompts.device
+    rows = bs * n
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = reserved_cache(prompts.shape[1] + max_new_tokens)  # filled in place by each forward
     kw = _cache_kwarg(model)
+    # the prompt's cache: kept once per prompt (shared) or reserved with room for the responses
+    cache = DynamicCache() if shared else reserved_cache(prompts.shape[1] + max_new_tokens)
     out = model(
-        input_ids=prompts, attention_mask=prompt_mask, position_ids=positions, use_cache=True, **{kw: cache}
-    )
+        input_ids=prompts, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
+        **{kw: cache}, **last_logits_only(model),
+    )  # fmt: skip
     logits = out.logits[:, -1, :].float()
-    if n > 1:
+    active = torch.arange(rows, device=device)  # which output row each decoding row belongs to
+    prefix = None
+    if shared:
+        prefix = SharedPrefix(
+            keys_t=[layer.keys.transpose(-1, -2).float().contiguous() for layer in cache.layers],
+            values=[layer.values.float() for layer in cache.layers],
+            mask=prompt_mask.bool(),
+            n=n,
+            slots=active,
+        )
+        cache = reserved_cache(max_new_tokens)  # the rows' own tokens
+    elif n > 1:
         cache.batch_repeat_interleave(n)
+    if n > 1:
         logits = logits.repeat_interleave(n, dim=0)
         prompt_mask = prompt_mask.repeat_interleave(n, dim=0)
         positions = positions.repeat_interleave(n, dim=0)
-    rows = bs * n
     responses = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logps = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
-    active = torch.arange(rows, device=device)  # which output row each cache row belongs to
     attn = prompt_mask
     next_pos = positions[:, -1] + 1
     eos = torch.tensor(eos_ids, device=device)
@@ -137,8 +324,7 @@ def sample_group(
         scaled = logits / temperature if do_sample and temperature != 1.0 else logits
         logprobs = torch.log_softmax(scaled, dim=-1)
         if do_sample:
-            probs = filter_logits(scaled, top_k, top_p).softmax(-1)
-            tokens = torch.multinomial(probs, 1).squeeze(-1)
+            tokens = sample_tokens(filter_logits(scaled, top_k, top_p).softmax(-1))
         else:
             tokens = scaled.argmax(-1)
         responses[active, t] = tokens
@@ -152,14 +338,27 @@ def sample_group(
             idx = (~done).nonzero().squeeze(-1)
             cache.batch_select_indices(idx)
             active, tokens, attn, next_pos = active[idx], tokens[idx], attn[idx], next_pos[idx]
-        attn = torch.cat([attn, torch.ones((attn.shape[0], 1), dtype=attn.dtype, device=device)], dim=1)
-        out = model(
-            input_ids=tokens[:, None],
-            attention_mask=attn,
-            position_ids=next_pos[:, None],
-            use_cache=True,
-            **{kw: cache},
-        )
+        if prefix is not None:
+            prefix.slots = active
+            with attention_implementation(model, SHARED_PREFIX_ATTENTION):
+                out = model(
+                    input_ids=tokens[:, None], position_ids=next_pos[:, None], use_cache=True,
+                    shared_prefix=prefix, **{kw: cache},
+                )  # fmt: skip
+            if len(prefix.layers_called) != len(prefix.values):
+                raise SharedPrefixUnsupported(
+                    f"its attention ran shared_prefix_attention in {len(prefix.layers_called)} of "
+                    f"{len(prefix.values)} layers"
+                )
+        else:
+            attn = torch.cat([attn, torch.ones((attn.shape[0], 1), dtype=attn.dtype, device=device)], dim=1)
+            out = model(
+                input_ids=tokens[:, None],
+                attention_mask=attn,
+                position_ids=next_pos[:, None],
+                use_cache=True,
+                **{kw: cache},
+            )
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1
     responses, logps = responses[:, :length], logps[:, :length]

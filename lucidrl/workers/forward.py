@@ -7,7 +7,7 @@ from transformers import DynamicCache
 
 from lucidrl.algos import entropy_from_logits, logprobs_from_logits
 from lucidrl.batch import Batch
-from lucidrl.workers.decode import _cache_kwarg
+from lucidrl.workers.decode import _cache_kwarg, last_logits_only
 
 
 def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -45,8 +45,9 @@ def _response_logits_shared_prefix(model: torch.nn.Module, batch: Batch) -> torc
     cache = DynamicCache()  # filled in place by the forward (gradients flow through it)
     kw = _cache_kwarg(model)
     out = model(
-        input_ids=prompts, attention_mask=prompt_mask, position_ids=prompt_pos, use_cache=True, **{kw: cache}
-    )
+        input_ids=prompts, attention_mask=prompt_mask, position_ids=prompt_pos, use_cache=True,
+        **{kw: cache}, **last_logits_only(model),
+    )  # fmt: skip
     first = out.logits[:, -1:, :][row_group]  # predicts each sample's first response token
     cache.batch_select_indices(row_group.to(prompts.device))
     mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
