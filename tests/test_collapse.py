@@ -36,7 +36,9 @@ def test_entropy_kl_and_score_drop_signs():
     assert "actor/entropy 0.0100 < trainer.collapse.min_entropy 0.05" in r.message()
     assert "KL to the reference 0.5000 > trainer.collapse.max_kl 0.3" in r.message()
     drop = CollapseMonitor(
-        CollapseConfig(patience=2, min_mixed_groups_ratio=None, max_score_drop=0.5, score_ema=0.0)
+        CollapseConfig(
+            patience=2, min_mixed_groups_ratio=None, max_score_drop=0.5, score_ema=0.0, baseline_steps=1
+        )
     )
     out = _feed(drop, [{"critic/score/mean": s} for s in [0.0, 1.0, 0.8, 0.6, 0.4, 0.3]])
     assert out[:5] == [None] * 5 and out[5].onset_step == 5  # 0.6 is within 0.5 of the best 1.0; 0.4 is not
@@ -49,10 +51,28 @@ def test_entropy_kl_and_score_drop_signs():
 def test_a_best_score_of_zero_is_kept():
     """K&K scores are negative when wrong: a best EMA of exactly 0.0 must not be replaced by a worse one."""
     mon = CollapseMonitor(
-        CollapseConfig(patience=2, min_mixed_groups_ratio=None, max_score_drop=0.5, score_ema=0.0)
+        CollapseConfig(
+            patience=2, min_mixed_groups_ratio=None, max_score_drop=0.5, score_ema=0.0, baseline_steps=1
+        )
     )
     out = _feed(mon, [{"critic/score/mean": s} for s in [0.0, -1.0, -1.0]])
     assert out[:2] == [None, None] and out[2].onset_step == 2 and "below its best 0.000" in out[2].message()
+
+
+def test_a_lucky_first_batch_is_not_a_best_to_fall_from():
+    """The demo's scores from a run that was stopped at step 11 when the EMA started at step 1's 1.01.
+
+    Step 1's 16 prompts happened to score 1.01; the next ten batches scored 0.29-0.85, the same
+    policy's ordinary spread. Started from the first three steps' mean, the EMA sees no drop; a real
+    fall from a level the run had reached still fires.
+    """
+    cfg = CollapseConfig(patience=3, min_mixed_groups_ratio=None, max_score_drop=0.5, score_ema=0.7)
+    noisy = [1.01, 0.32, 0.37, 0.51, 0.47, 0.85, 0.29, 0.43, 0.40, 0.30, 0.38]
+    assert _feed(CollapseMonitor(cfg), [{"critic/score/mean": s} for s in noisy]) == [None] * len(noisy)
+    falling = [0.4, 0.5, 0.45, 1.2, 1.3, 1.4, 1.3, 0.3, 0.1, 0.0, 0.0, 0.0, 0.0]
+    out = _feed(CollapseMonitor(cfg), [{"critic/score/mean": s} for s in falling])
+    fired = [r for r in out if r is not None]
+    assert len(fired) == 1 and "below its best" in fired[0].message()
 
 
 def test_reports_once():

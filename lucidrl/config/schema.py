@@ -201,6 +201,7 @@ class CollapseConfig:
     patience: int = 3
     # mixed-score groups below this fraction of their mean over the first `baseline_steps` steps
     min_mixed_groups_ratio: float | None = 0.25
+    # steps averaged for that baseline, and for the start of the score EMA below
     baseline_steps: int = 3
     min_entropy: float | None = None  # actor/entropy (nats/token) below this
     max_score_drop: float | None = None  # critic/score/mean's EMA this far below its best EMA

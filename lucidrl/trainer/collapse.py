@@ -34,6 +34,7 @@ class CollapseMonitor:
     def __init__(self, cfg) -> None:  # cfg: config.schema.CollapseConfig
         self.cfg = cfg
         self.baseline_mixed: list[float] = []  # mixed-score group fractions of the first steps
+        self.first_scores: list[float] = []  # scores of the first steps, the EMA's start
         self.best_score_ema: float | None = None
         self.score_ema: float | None = None
         self.bad_since: int | None = None
@@ -57,15 +58,21 @@ class CollapseMonitor:
                     )
         score = m.get("critic/score/mean")
         if score is not None and c.max_score_drop is not None:
-            a = c.score_ema
-            self.score_ema = score if self.score_ema is None else a * self.score_ema + (1 - a) * score
-            if self.best_score_ema is not None and self.score_ema < self.best_score_ema - c.max_score_drop:
-                signs.append(
-                    f"critic/score/mean (EMA {self.score_ema:.3f}) fell more than trainer.collapse.max_score_drop "
-                    f"{c.max_score_drop} below its best {self.best_score_ema:.3f}"
-                )
-            best = self.best_score_ema
-            self.best_score_ema = self.score_ema if best is None else max(best, self.score_ema)
+            if len(self.first_scores) < c.baseline_steps:
+                # the EMA starts from the mean of the first steps: one lucky first batch (16 prompts are
+                # noisy) must not become a best that ordinary batches then seem to fall from
+                self.first_scores.append(score)
+                if len(self.first_scores) == c.baseline_steps:
+                    self.score_ema = self.best_score_ema = sum(self.first_scores) / len(self.first_scores)
+            else:
+                a = c.score_ema
+                self.score_ema = a * self.score_ema + (1 - a) * score
+                if self.score_ema < self.best_score_ema - c.max_score_drop:
+                    signs.append(
+                        f"critic/score/mean (EMA {self.score_ema:.3f}) fell more than "
+                        f"trainer.collapse.max_score_drop {c.max_score_drop} below its best {self.best_score_ema:.3f}"
+                    )
+                self.best_score_ema = max(self.best_score_ema, self.score_ema)
         kl = m.get("actor/kl_loss", m.get("actor/reward_kl"))
         if c.max_kl is not None and kl is not None and kl > c.max_kl:
             signs.append(f"KL to the reference {kl:.4f} > trainer.collapse.max_kl {c.max_kl}")
