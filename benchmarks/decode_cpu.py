@@ -12,7 +12,7 @@ to 128 new tokens. The variants are cumulative, each adds one change to the one 
     +shared prefix     the prompt's cache held and attended to once per prompt = lucidrl now
 
 Printed: seconds for the 512 samples, generated tokens/s, the speed-up over lucidrl/64 and the share
-of the decode roofline (the measured fp32 matmul rate over 2 x parameters FLOPs per token, attention
+of the decode roofline (step_vs_trl's measured fp32 matmul rate over 2 x parameters FLOPs per token, attention
 ignored). Each variant first decodes a short warm-up batch; then `--repeats` timed runs (median).
 
     .venv/bin/python benchmarks/decode_cpu.py [--prompts 64] [--repeats 1] [--only NAME,...]
@@ -36,15 +36,6 @@ def multinomial(probs: torch.Tensor) -> torch.Tensor:
     return torch.multinomial(probs, 1).squeeze(-1)
 
 
-def matmul_gflops() -> float:
-    a, b = torch.randn(512, 1024), torch.randn(1024, 1024)
-    a @ b
-    start, reps = time.perf_counter(), 20
-    for _ in range(reps):
-        a @ b
-    return 2 * 512 * 1024 * 1024 * reps / (time.perf_counter() - start) / 1e9
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=64)
@@ -52,29 +43,29 @@ def main() -> None:
     p.add_argument("--only", default=",".join(VARIANTS))
     args = p.parse_args()
 
+    import step_vs_trl
+    from step_vs_trl import matmul_gflops, prepare  # the same model, prompts and matmul rate
+
     from lucidrl.data.dataset import collate, load_prompts
-    from lucidrl.data.kk import write_kk_parquet
-    from lucidrl.models import build_tiny_model, load_model, load_tokenizer
-    from lucidrl.trainer.demo import kk_tokenizer_corpus
+    from lucidrl.models import load_model, load_tokenizer
     from lucidrl.workers import decode
     from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        data = write_kk_parquet(work / "data", people=(2, 4), n_train=args.prompts, n_val=1, seed=0)
-        info = build_tiny_model(work / "model", kk_tokenizer_corpus(0), hidden_size=256, num_layers=4, seed=0)
-        tok = load_tokenizer(info["path"])
-        model = load_model(info["path"]).eval()
-        samples, _ = load_prompts([data["train"]], tok, max_prompt_length=4096)
+        step_vs_trl.N_PROMPTS = args.prompts
+        prep = prepare(Path(tmp))
+        tok = load_tokenizer(prep["model"])
+        model = load_model(prep["model"]).eval()
+        samples, _ = load_prompts([prep["train"]], tok, max_prompt_length=4096)
     batch = collate(samples, tok.pad_token_id)
     warm = collate(samples[:2], tok.pad_token_id)
     params = SamplingParams(n=N_SAMPLES, temperature=1.0, max_new_tokens=MAX_NEW)
     rows = args.prompts * N_SAMPLES
-    roofline = matmul_gflops() * 1e9 / (2 * info["num_parameters"])
+    roofline = matmul_gflops() * 1e9 / (2 * prep["params"])
     print(
         f"{args.prompts} prompts x {N_SAMPLES} samples, <= {MAX_NEW} new tokens, tiny Qwen2 "
-        f"{info['num_parameters'] / 1e6:.1f}M params, mean prompt {batch['prompt_mask'].sum(1).float().mean():.0f} "
+        f"{prep['params'] / 1e6:.1f}M params, mean prompt {batch['prompt_mask'].sum(1).float().mean():.0f} "
         f"tokens; decode roofline {roofline:.0f} tok/s",
         flush=True,
     )
@@ -102,7 +93,7 @@ def main() -> None:
         results[name] = (statistics.median(secs), tps)
         print(f"  {name}: {results[name][0]:.2f} s, {tps:.0f} tok/s", flush=True)
     base = results.get("lucidrl/64", next(iter(results.values())))[1]
-    print(f"\n{'variant':16s} {'s/512':>8s} {'tok/s':>8s} {'vs lucidrl/64':>14s} {'of roofline':>12s}")
+    print(f"\n{'variant':16s} {f's/{rows}':>8s} {'tok/s':>8s} {'vs lucidrl/64':>14s} {'of roofline':>12s}")
     for name, (s, tps) in results.items():
         print(f"{name:16s} {s:8.2f} {tps:8.0f} {tps / base:14.2f} {tps / roofline:12.2f}")
 
