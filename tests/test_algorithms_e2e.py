@@ -59,6 +59,13 @@ CASES = {
         "algorithm.kl_ctrl.kl_coef=0.05",
         "algorithm.kl_penalty=low_var_kl",
     ],
+    "dynamic_bsz": [  # token-budget micro-batches in the update, the old-log-prob and reference passes
+        "actor.use_dynamic_bsz=true",
+        "actor.ppo_max_token_len_per_gpu=2100",
+        "actor.log_prob_max_token_len_per_gpu=3200",
+        "actor.reuse_rollout_log_probs=false",
+        "actor.use_kl_loss=true",
+    ],
     "dapo": [
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.max_num_gen_batches=3",

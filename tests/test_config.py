@@ -67,6 +67,26 @@ def test_batch_arithmetic_is_checked():
         config_from_dict({"rollout": {"n": 1}})
 
 
+def test_token_budgets_must_hold_one_whole_sample():
+    small = {"data": {"max_prompt_length": 300, "max_response_length": 200}}
+    with pytest.raises(
+        ConfigError, match=r"actor.ppo_max_token_len_per_gpu=400 .* 300 \+ 200 = 500 tokens; set .* >= 500"
+    ):
+        config_from_dict({**small, "actor": {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 400}})
+    with pytest.raises(ConfigError, match="actor.log_prob_max_token_len_per_gpu=499 "):
+        config_from_dict({**small, "actor": {"use_dynamic_bsz": True, "log_prob_max_token_len_per_gpu": 499}})
+    # the budget replaces the sample count: a micro-batch size that does not divide is not an error then
+    cfg = config_from_dict(
+        {
+            **small,
+            "data": {**small["data"], "train_batch_size": 4},
+            "rollout": {"n": 2},
+            "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 3, "use_dynamic_bsz": True},
+        }
+    )
+    assert cfg.actor.use_dynamic_bsz and cfg.actor.ppo_max_token_len_per_gpu == 16384
+
+
 def test_parse_override_types():
     assert parse_override("a.b=8") == ("a.b", 8)
     assert parse_override("a.b=1e-4") == ("a.b", 1e-4)

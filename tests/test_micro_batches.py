@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 
+import pytest
 import torch
 
 from lucidrl.batch import Batch
@@ -13,7 +14,12 @@ from lucidrl.config.schema import ActorConfig, OptimConfig
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model
 from lucidrl.workers.actor import ActorWorker, per_token_log_probs
-from lucidrl.workers.micro_batches import length_sorted_micro_batches, scatter_rows, trim_response_padding
+from lucidrl.workers.micro_batches import (
+    length_sorted_micro_batches,
+    scatter_rows,
+    token_budget_micro_batches,
+    trim_response_padding,
+)
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
 
 
@@ -70,10 +76,11 @@ def test_sorted_log_probs_and_update_match_plain_micro_batches(kk_data, tiny_mod
     out.set("old_log_probs", plain[0] * out["response_mask"])
     out.set("advantages", torch.randn(len(out), 1).expand_as(out["response_mask"]) * out["response_mask"])
 
-    def gradient(micro, length_sorted, by_samples=False):
+    def gradient(micro, length_sorted, by_samples=False, max_tokens=None):
         cfg = ActorConfig(
             optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=micro,
             length_sorted_micro_batches=length_sorted,
+            use_dynamic_bsz=max_tokens is not None, ppo_max_token_len_per_gpu=max_tokens or 1,
         )  # fmt: skip
         actor = ActorWorker(copy.deepcopy(model).train(), cfg, temperature=1.0, samples_per_prompt=4)
         chunks = actor._micro_batches(out)  # what update() runs, minus the optimizer step
@@ -99,6 +106,62 @@ def test_sorted_log_probs_and_update_match_plain_micro_batches(kk_data, tiny_mod
         assert diff(whole, grads) < 1e-6 * max(1.0, size), diff(whole, grads)
     # weighting micro-batches by their sample count (verl's) is not: micro-batches hold unequal tokens
     assert diff(whole, gradient(4, False, by_samples=True)[0]) > 1e-4 * size
+    # token-budget micro-batches of unequal sample counts: the same gradient too
+    prompt = out["prompts"].shape[1]
+    budget, widths = gradient(16, True, max_tokens=8 * (prompt + 15))
+    assert widths == [15, 16, 20]
+    assert diff(whole, budget) < 1e-6 * max(1.0, size), diff(whole, budget)
+
+
+def _tokens(mb):
+    return len(mb) * (mb["prompts"].shape[1] + mb["responses"].shape[1])
+
+
+def test_token_budget_packs_short_groups_together_and_splits_only_what_cannot_fit(
+    kk_data, tiny_model, tiny_tokenizer
+):
+    _, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
+    prompt = out["prompts"].shape[1]
+    # group maxima: p0 20, p1 16, p2 11, p3 15. 8 rows of width 15 fit: p2 and p3 share a micro-batch,
+    # p1 (16) and p0 (20) do not fit with anything else
+    chunks = token_budget_micro_batches(out, 8 * (prompt + 15), length_sorted=True)
+    assert [sorted({out["uid"][i] for i in idx.tolist()}) for idx, _ in chunks] == [
+        ["p2", "p3"],
+        ["p1"],
+        ["p0"],
+    ]
+    assert [len(mb) for _, mb in chunks] == [8, 4, 4]
+    for budget in (prompt + 20, 3 * (prompt + 20), 5 * (prompt + 13), 10**6):
+        chunks = token_budget_micro_batches(out, budget, length_sorted=True)
+        assert sorted(torch.cat([idx for idx, _ in chunks]).tolist()) == list(range(16))
+        assert all(_tokens(mb) <= budget for _, mb in chunks), budget
+        for idx, mb in chunks:  # trimmed to the micro-batch's own longest response
+            assert mb["responses"].shape[1] == int(out["response_mask"][idx].sum(-1).max())
+        # a group that fits the budget on its own is never split between micro-batches
+        for g in ("p0", "p1", "p2", "p3"):
+            rows = [i for i, u in enumerate(out["uid"]) if u == g]
+            if 4 * (prompt + int(out["response_mask"][rows].sum(-1).max())) <= budget:
+                assert sum(any(out["uid"][i] == g for i in idx.tolist()) for idx, _ in chunks) == 1
+    assert len(token_budget_micro_batches(out, 10**6, length_sorted=True)) == 1
+    # without length sorting: batch order, every row at the batch's full response width
+    plain = token_budget_micro_batches(out, 6 * (prompt + 20), length_sorted=False)
+    assert [len(mb) for _, mb in plain] == [4, 4, 4, 4]  # two groups of 4 would be 8 rows > 6
+    assert torch.cat([idx for idx, _ in plain]).tolist() == list(range(16))
+    with pytest.raises(ValueError, match=f"one sample is {prompt + 20} tokens"):
+        token_budget_micro_batches(out, prompt + 19, length_sorted=True)
+
+
+def test_token_budget_log_probs_match_fixed_micro_batches(kk_data, tiny_model, tiny_tokenizer):
+    model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
+    prompt = out["prompts"].shape[1]
+    with torch.no_grad():
+        fixed = per_token_log_probs(model.eval(), out, 4, 1.0, True, True, True)
+        budget = per_token_log_probs(
+            model.eval(), out, 4, 1.0, True, True, True, max_tokens=3 * (prompt + 20)
+        )
+    mask = out["response_mask"].bool()
+    assert (fixed[0] - budget[0])[mask].abs().max() < 1e-5
+    assert (fixed[1] - budget[1])[mask].abs().max() < 1e-5
 
 
 def test_scatter_rows_restores_order_and_width():

@@ -220,6 +220,19 @@ def _positive(cfg: LucidConfig, *keys: str) -> None:
             raise ConfigError(f"config key '{key}' must be > 0, got {node}")
 
 
+def _check_token_budgets(cfg: LucidConfig) -> None:
+    """With actor.use_dynamic_bsz every single sample must fit a micro-batch's token budget."""
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    for key in ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
+        budget = getattr(cfg.actor, key)
+        if budget < longest:
+            raise ConfigError(
+                f"actor.{key}={budget} is smaller than one sample can be: data.max_prompt_length + "
+                f"data.max_response_length = {cfg.data.max_prompt_length} + {cfg.data.max_response_length} = "
+                f"{longest} tokens; set actor.{key} >= {longest} (or actor.use_dynamic_bsz=false)"
+            )
+
+
 def validate(cfg: Any) -> None:
     """Cross-field checks of whichever config tree `cfg` is."""
     if isinstance(cfg, SFTConfig):
@@ -289,6 +302,8 @@ def _validate_rl(cfg: LucidConfig) -> None:
         "actor.ppo_mini_batch_size",
         "actor.ppo_micro_batch_size",
         "actor.log_prob_micro_batch_size",
+        "actor.ppo_max_token_len_per_gpu",
+        "actor.log_prob_max_token_len_per_gpu",
         "actor.ppo_epochs",
         "trainer.total_epochs",
         "trainer.total_training_steps",
@@ -312,12 +327,14 @@ def _validate_rl(cfg: LucidConfig) -> None:
             f"{a.ppo_mini_batch_size}; pick a mini-batch size that divides it"
         )
     samples = a.ppo_mini_batch_size * r.n
-    if samples % a.ppo_micro_batch_size:
+    if a.use_dynamic_bsz:
+        _check_token_budgets(cfg)
+    elif samples % a.ppo_micro_batch_size:
         raise ConfigError(
             f"a mini-batch holds actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size} x {r.n} = "
             f"{samples} samples, not divisible by actor.ppo_micro_batch_size={a.ppo_micro_batch_size}"
         )
-    if a.ppo_micro_batch_size > samples:
+    if a.ppo_micro_batch_size > samples and not a.use_dynamic_bsz:
         raise ConfigError(
             f"actor.ppo_micro_batch_size={a.ppo_micro_batch_size} exceeds the {samples} samples of a mini-batch"
         )

@@ -115,6 +115,12 @@ class ActorConfig:
     # micro-batches of whole prompt groups ordered by response length, each cut to its own longest
     # response: no compute on response padding (workers/micro_batches.py)
     length_sorted_micro_batches: bool = True
+    # verl's dynamic batch size: cut micro-batches by padded tokens (rows x (prompt + response width))
+    # instead of sample counts, so many short samples share a forward and peak activation memory is
+    # bounded by the budget; the two *_micro_batch_size keys are then unused. Actor and reference only
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384  # tokens per update micro-batch (with use_dynamic_bsz)
+    log_prob_max_token_len_per_gpu: int = 32768  # tokens per log-prob micro-batch, actor and reference
     ppo_epochs: int = 1
     policy_loss: str = "vanilla"
     clip_ratio_low: float = 0.2

@@ -27,9 +27,11 @@ def per_token_log_probs(
     with_entropy: bool,
     share_prompt: bool,
     length_sorted: bool,
+    max_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(bs, R) log-probs (and entropy) of the responses, in micro-batches (length-sorted and trimmed)."""
-    chunks = micro_batches(batch, micro_batch_size, length_sorted)
+    """(bs, R) log-probs (and entropy) of the responses, in micro-batches (length-sorted and trimmed;
+    of `micro_batch_size` samples, or of at most `max_tokens` padded tokens when it is set)."""
+    chunks = micro_batches(batch, micro_batch_size, length_sorted, max_tokens)
     lps, ents = [], []
     for idx, mb in chunks:
         lp, ent = response_log_probs(
@@ -53,12 +55,14 @@ class ReferenceWorker:
         temperature: float,
         share_prompt: bool = True,
         length_sorted: bool = True,
+        max_tokens: int | None = None,
     ):
         self.model = model.eval().requires_grad_(False)
         self.share_prompt = share_prompt
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
         self.length_sorted = length_sorted
+        self.max_tokens = max_tokens
 
     @torch.no_grad()
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -71,6 +75,7 @@ class ReferenceWorker:
             False,
             self.share_prompt,
             self.length_sorted,
+            self.max_tokens,
         )
         return Batch(tensors={"ref_log_probs": lp * batch["response_mask"]})
 
@@ -107,6 +112,7 @@ class ActorWorker:
             lp, ent = per_token_log_probs(
                 self.model, batch, c.log_prob_micro_batch_size, self.temperature, True,
                 c.share_prompt_forward, c.length_sorted_micro_batches,
+                c.log_prob_max_token_len_per_gpu if c.use_dynamic_bsz else None,
             )  # fmt: skip
         finally:
             self.model.train(was_training)
@@ -152,10 +158,12 @@ class ActorWorker:
 
     def _micro_batches(self, mb: Batch) -> list[Batch]:
         """Length-sorted, padding-trimmed micro-batches; seq-mean-token-sum-norm divides by the padded
-        length, so with it (or the option off) the micro-batches are plain consecutive chunks."""
+        length, so with it (or the option off) the micro-batches are plain consecutive chunks. Of
+        ppo_micro_batch_size samples, or of at most ppo_max_token_len_per_gpu tokens (use_dynamic_bsz)."""
         cfg = self.cfg
         length_sorted = cfg.length_sorted_micro_batches and cfg.loss_agg_mode != "seq-mean-token-sum-norm"
-        return [ub for _, ub in micro_batches(mb, cfg.ppo_micro_batch_size, length_sorted)]
+        max_tokens = cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
+        return [ub for _, ub in micro_batches(mb, cfg.ppo_micro_batch_size, length_sorted, max_tokens)]
 
     def _loss_weights(self, mb: Batch, ubs: list[Batch]) -> list[float]:
         """Each micro-batch's share of the mini-batch loss.

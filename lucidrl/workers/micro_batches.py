@@ -9,6 +9,9 @@ back in the original order and width. Per-sample log-probs are unchanged (only p
 The update's micro-batches group different samples than plain chunks do; the actor weights each
 micro-batch's token-mean by its share of the mini-batch's tokens (ActorWorker._loss_weights), so the
 gradient does not depend on how samples are grouped into micro-batches.
+
+`token_budget_micro_batches` (actor.use_dynamic_bsz, verl's name) cuts the same order by a token budget
+instead of a sample count: many short samples per micro-batch, few long ones.
 """
 
 from __future__ import annotations
@@ -33,13 +36,8 @@ def trim_response_padding(batch: Batch) -> Batch:
     return Batch(tensors=tensors, non_tensors=batch.non_tensors, meta=batch.meta)
 
 
-def length_sorted_micro_batches(batch: Batch, size: int) -> list[tuple[torch.Tensor, Batch]]:
-    """(indices into `batch`, trimmed micro-batch) pairs covering every sample once.
-
-    Groups (consecutive equal `uid`s; each sample is its own group without uids) are ordered by their
-    longest response, shortest first; ties keep their order, so the result is deterministic.
-    """
-    lengths = batch["response_mask"].sum(-1).tolist()
+def _groups(batch: Batch) -> list[list[int]]:
+    """Runs of consecutive equal `uid`s (the samples of one prompt); each sample alone without uids."""
     uids = batch["uid"] if "uid" in batch else list(range(len(batch)))
     groups: list[list[int]] = []
     for i, uid in enumerate(uids):
@@ -47,13 +45,87 @@ def length_sorted_micro_batches(batch: Batch, size: int) -> list[tuple[torch.Ten
             groups[-1].append(i)
         else:
             groups.append([i])
-    groups.sort(key=lambda g: max(lengths[i] for i in g))
+    return groups
+
+
+def _by_longest_response(groups: list[list[int]], lengths: list[int]) -> list[list[int]]:
+    """Groups ordered by their longest response, shortest first; ties keep their order (deterministic)."""
+    return sorted(groups, key=lambda g: max(lengths[i] for i in g))
+
+
+def length_sorted_micro_batches(batch: Batch, size: int) -> list[tuple[torch.Tensor, Batch]]:
+    """(indices into `batch`, trimmed micro-batch) pairs covering every sample once.
+
+    Groups (consecutive equal `uid`s; each sample is its own group without uids) are ordered by their
+    longest response, shortest first; ties keep their order, so the result is deterministic.
+    """
+    lengths = batch["response_mask"].sum(-1).tolist()
+    groups = _by_longest_response(_groups(batch), lengths)
     order = torch.tensor([i for g in groups for i in g], dtype=torch.long)
     return [(idx, trim_response_padding(batch.select(idx))) for idx in order.split(size)]
 
 
-def micro_batches(batch: Batch, size: int, length_sorted: bool) -> list[tuple[torch.Tensor, Batch]]:
-    """(indices, micro-batch) pairs: length-sorted and trimmed, or plain consecutive chunks."""
+def token_budget_micro_batches(
+    batch: Batch, max_tokens: int, length_sorted: bool
+) -> list[tuple[torch.Tensor, Batch]]:
+    """(indices, micro-batch) pairs, each micro-batch holding at most `max_tokens` padded tokens.
+
+    verl's dynamic batch size: a micro-batch's tokens are its rows times its padded width, prompt
+    (the batch's prompt width) plus response (its own longest response when `length_sorted`, which
+    also orders the groups shortest first; the batch's response width otherwise). Short responses
+    thus travel in large micro-batches and long ones in small, so every forward holds about the same
+    number of tokens and peak activation memory is bounded by the budget, not by the longest sample.
+    A prompt group is kept whole when it fits an empty micro-batch; a larger one is split between
+    samples. Raises ValueError when a single sample is longer than the budget.
+    """
+    lengths = [int(x) for x in batch["response_mask"].sum(-1).tolist()]
+    prompt_width, full_width = batch["prompts"].shape[1], batch["responses"].shape[1]
+    groups = _groups(batch)
+    if length_sorted:
+        groups = _by_longest_response(groups, lengths)
+
+    def tokens(rows: list[int]) -> int:
+        width = max(1, max(lengths[i] for i in rows)) if length_sorted else full_width
+        return len(rows) * (prompt_width + width)
+
+    cuts: list[list[int]] = []
+    current: list[int] = []
+    for group in groups:
+        if tokens(current + group) <= max_tokens:
+            current = current + group
+            continue
+        if current and tokens(group) <= max_tokens:
+            cuts.append(current)
+            current = list(group)
+            continue
+        for i in group:  # the group is over the budget on its own: split it between samples
+            if tokens([i]) > max_tokens:
+                raise ValueError(
+                    f"one sample is {tokens([i])} tokens (prompt width {prompt_width} + response "
+                    f"{lengths[i] if length_sorted else full_width}), more than the micro-batch token budget "
+                    f"of {max_tokens}; raise the budget to at least max_prompt_length + max_response_length"
+                )
+            if current and tokens(current + [i]) > max_tokens:
+                cuts.append(current)
+                current = []
+            current.append(i)
+    if current:
+        cuts.append(current)
+    out = []
+    for rows in cuts:
+        idx = torch.tensor(rows, dtype=torch.long)
+        mb = batch.select(idx)
+        out.append((idx, trim_response_padding(mb) if length_sorted else mb))
+    return out
+
+
+def micro_batches(
+    batch: Batch, size: int, length_sorted: bool, max_tokens: int | None = None
+) -> list[tuple[torch.Tensor, Batch]]:
+    """(indices, micro-batch) pairs: cut by a token budget when `max_tokens` is set, else `size`
+    samples each; length-sorted and trimmed, or in batch order."""
+    if max_tokens is not None:
+        return token_budget_micro_batches(batch, max_tokens, length_sorted)
     if length_sorted:
         return length_sorted_micro_batches(batch, size)
     return [(torch.arange(start, min(start + size, len(batch))), batch.slice(start, start + size))

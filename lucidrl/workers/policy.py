@@ -65,6 +65,8 @@ class PolicyWorker:
         self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
         self.actor = self.rollout = self.reference = self.critic = None
         sharded = self.world_size > 1
+        a = cfg.actor
+        ref_max_tokens = a.log_prob_max_token_len_per_gpu if a.use_dynamic_bsz else None
         if "actor" in roles:
             model = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code)
             check_tokenizer_matches_model(model, self.tokenizer, m.path)
@@ -76,6 +78,7 @@ class PolicyWorker:
                     temperature=cfg.rollout.temperature,
                     share_prompt=cfg.actor.share_prompt_forward,
                     length_sorted=cfg.actor.length_sorted_micro_batches,
+                    max_tokens=ref_max_tokens,
                 )
             # with one rank the hf rollout generates with the actor's own module; with several it gets
             # a full copy (FSDP2 shards the actor in place)
@@ -99,6 +102,7 @@ class PolicyWorker:
                 temperature=cfg.rollout.temperature,
                 share_prompt=cfg.actor.share_prompt_forward,
                 length_sorted=cfg.actor.length_sorted_micro_batches,
+                max_tokens=ref_max_tokens,
             )
         if "critic" in roles:
             c = cfg.critic
