@@ -72,6 +72,7 @@ def _generate_and_score(
         per_sample["score"].extend(seq_scores)
         per_sample["acc"].extend(extras.get("acc", seq_scores))
         per_sample["format_ok"].extend(extras.get("format_ok", [float("nan")] * n))
+        per_sample["trace_ok"].extend(extras.get("trace_ok", [float("nan")] * n))
         per_sample["length"].extend(float(x) for x in batch["response_mask"].sum(-1).tolist())
     return per_sample
 
@@ -90,6 +91,8 @@ def _summarise(per_sample: dict[str, list[Any]], idx: list[int], n: int) -> dict
         "acc_by_people": {p: _mean([acc[i] for i in ids]) for p, ids in sorted(by_people.items())},
         f"pass_at_{n}": _mean([float(any(a >= 1.0 for a in accs)) for accs in by_prompt.values()]),
         "format_ok": _mean([per_sample["format_ok"][i] for i in idx]),
+        # K&K truth-table traces only: the share of traced responses whose every step is right
+        "trace_ok": _mean([per_sample["trace_ok"][i] for i in idx]),
         "score": _mean([per_sample["score"][i] for i in idx]),
         "response_length": _mean([per_sample["length"][i] for i in idx]),
         "n_samples": len(idx),
@@ -116,7 +119,8 @@ def evaluate(
          "seconds": {"greedy": s, "sampled": s},
          "data_sources": {ds: {"n_prompts", "n_prompts_by_people": {n_people: count},
                                "greedy":  {"acc", "acc_by_people": {n_people: acc}, "pass_at_1",
-                                           "format_ok", "score", "response_length", "n_samples"},
+                                           "format_ok", "trace_ok", "score", "response_length",
+                                           "n_samples"},
                                "sampled": {... "pass_at_<k>" ...}}}}
 
     Means over no values (e.g. format_ok from a reward without that metric) are None. The global torch
@@ -197,7 +201,8 @@ def results_table(result: dict[str, Any], data_source: str) -> Any:
     """A rich Table for one data source, like Logic-RL's: rows greedy / sampled@k, columns people + overall.
 
     Columns are the numbers of people present in the data (2..8 for K&K), then overall accuracy,
-    pass@k, format-pass rate and mean response length (tokens).
+    pass@k, format-pass rate, the share of truth-table traces right in every step (when the responses
+    are traces) and mean response length (tokens).
     """
     from rich.table import Table
 
@@ -212,12 +217,15 @@ def results_table(result: dict[str, Any], data_source: str) -> Any:
     table.add_column("mode")
     for p in people:
         table.add_column(f"{p} people\n({entry['n_prompts_by_people'][p]})", justify="right")
-    for column in ("overall", "pass@k", "format", "length"):
+    traced = any(entry[mode]["trace_ok"] is not None for mode in MODES)
+    for column in ("overall", "pass@k", "format", *(["trace ok"] if traced else []), "length"):
         table.add_column(column, justify="right")
     for mode, label, n in (("greedy", "greedy", 1), ("sampled", f"sampled@{k}", k)):
         stats = entry[mode]
         cells = [_cell(stats["acc_by_people"].get(p)) for p in people]
         cells += [_cell(stats["acc"]), _cell(stats[f"pass_at_{n}"]), _cell(stats["format_ok"])]
+        if traced:
+            cells.append(_cell(stats["trace_ok"]))
         length = stats["response_length"]
         cells.append("-" if length is None else f"{length:.1f}")
         table.add_row(label, *cells)

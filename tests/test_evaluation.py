@@ -70,6 +70,7 @@ def test_summary_arithmetic():
         "score": [3.0, -0.5, -0.5, -1.0, -3.0, -3.0],
         "acc": [1.0, 0.0, 0.0, 0.0, 0.0, 0.0],
         "format_ok": [1.0, 1.0, 1.0, 1.0, 0.0, 0.0],
+        "trace_ok": [1.0, 0.0, math.nan, 0.0, math.nan, math.nan],  # NaN: not a trace
         "length": [10.0, 12.0, 14.0, 20.0, 30.0, 40.0],
     }
     stats = _summarise(per_sample, list(range(6)), 3)
@@ -77,8 +78,10 @@ def test_summary_arithmetic():
     assert stats["acc_by_people"] == {2: pytest.approx(1 / 3), 3: 0.0}
     assert stats["pass_at_3"] == 0.5 and stats["format_ok"] == pytest.approx(4 / 6)
     assert stats["score"] == pytest.approx(-5 / 6) and stats["response_length"] == 21.0
+    assert stats["trace_ok"] == pytest.approx(1 / 3)  # over the 3 traced samples only
     no_format = dict(per_sample, format_ok=[math.nan] * 6)
     assert _summarise(no_format, [0, 1, 2], 3)["format_ok"] is None
+    assert _summarise(per_sample, [4, 5], 3)["trace_ok"] is None
 
 
 def test_cli_prints_the_table_and_writes_json(kk_data, tiny_model, tmp_path, capsys):

@@ -120,6 +120,28 @@ def test_every_traced_row_scores_three(traced_rows):
         assert result["score"] == 3.0 and result["acc"] == 1.0, row["response"]
 
 
+def test_trace_ok_tells_a_right_derivation_from_a_lucky_answer(traced_rows):
+    row = traced_rows[0]
+    prefix = row["prompt"][-1]["content"]
+    gt, info = row["reward_model"]["ground_truth"], row["extra_info"]
+
+    def score(response, extra_info=info):
+        return default_compute_score(row["data_source"], prefix + response, gt, extra_info)
+
+    assert score(row["response"])["trace_ok"] == 1.0
+    assert score(row["response"].replace("  ", " ").replace(" ", "  ", 3))["trace_ok"] == 1.0  # spacing
+    # one step wrong, the same right answer: full score, trace_ok 0
+    wrong = re.sub(r"=([TF])", lambda m: "=" + ("F" if m.group(1) == "T" else "T"), row["response"], count=1)
+    assert wrong != row["response"]
+    assert score(wrong)["score"] == 3.0 and score(wrong)["trace_ok"] == 0.0
+    # free-form reasoning, or a row without statements: no trace_ok at all (never part of the score)
+    answer = row["response"].split("</think>", 1)[1]
+    assert "trace_ok" not in score(" let me think </think>" + answer)
+    assert "trace_ok" not in score(row["response"], extra_info={"index": 0})
+    with pytest.raises(ValueError, match=r"extra_info.statements=.*does not describe a puzzle"):
+        score(row["response"], extra_info={"statements": '[["knight", 7]]'})
+
+
 def test_trace_option_changes_only_the_response():
     plain = generate_dataset((2, 3), n_train=6, n_val=2, seed=5)
     traced = generate_dataset((2, 3), n_train=6, n_val=2, seed=5, trace=True)

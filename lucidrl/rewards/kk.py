@@ -9,6 +9,7 @@ answer), because lucidrl passes the response alone, starting with the pre-filled
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -123,12 +124,49 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _think_text(text: str) -> str:
+    """What follows the first <think>, up to </think> (or to the end when it never closes)."""
+    body = text.split("<think>", 1)[1] if "<think>" in text else text
+    return body.split("</think>", 1)[0]
+
+
+def trace_ok(text: str, names: list[str], extra_info: Any) -> float | None:
+    """1.0 when the reasoning is exactly the puzzle's truth-table trace (`lucidrl data kk --trace`), 0.0
+    when it is a trace with any step wrong, None when it is no trace at all or the row has no
+    statements (extra_info["statements"], as `lucidrl data kk` writes them).
+
+    A diagnostic, never part of the score: it tells a right answer reached by a right derivation from
+    a lucky one (a 2-person answer is right by chance one time in four). A trace starts with the first
+    person's name and role ("Henry K Ava K: ..."); free-form reasoning gets None (compute_score then
+    leaves the metric out, which batch means skip), so the mean covers trace-writing responses only.
+    """
+    if not isinstance(extra_info, Mapping) or extra_info.get("statements") is None:
+        return None
+    think = " ".join(_think_text(text).split())
+    if not (think.startswith(f"{names[0]} K ") or think.startswith(f"{names[0]} N ")):
+        return None
+    from lucidrl.data.kk.logic import from_json
+    from lucidrl.data.kk.trace import build_trace
+
+    raw = extra_info["statements"]
+    try:
+        statements = [from_json(x) for x in (json.loads(raw) if isinstance(raw, str) else raw)]
+        expected, _ = build_trace(statements, names)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise ValueError(
+            f"K&K extra_info.statements={_short(raw)} does not describe a puzzle of {names}: {e}. Write rows "
+            "with `lucidrl data kk`, or leave the key out (the trace_ok metric is then skipped)"
+        ) from e
+    return 1.0 if think == " ".join(expected.split()) else 0.0
+
+
 def compute_score(solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, float]:
-    """Score one K&K response with Logic-RL's rule: {"score": total, "acc": 0/1, "format_ok": 0/1}.
+    """Score one K&K response with Logic-RL's rule: {"score": total, "acc": 0/1, "format_ok": 0/1}, and
+    "trace_ok": 0/1 when the reasoning is a truth-table trace.
 
     `solution_str` is the response (starting with the pre-filled "<think>") or a whole transcript;
-    `ground_truth` is the row's reward_model.ground_truth (see `parse_ground_truth`).
-    `extra_info` is accepted for the common reward signature and not used.
+    `ground_truth` is the row's reward_model.ground_truth (see `parse_ground_truth`). `extra_info`
+    only feeds the `trace_ok` diagnostic (see there); the score never depends on it.
     """
     truth = parse_ground_truth(ground_truth)
     text = assistant_text(solution_str)
@@ -146,8 +184,12 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: Any = None) 
     else:
         answer_score = ANSWER_UNPARSEABLE
     format_score = FORMAT_REWARD if formatted else -FORMAT_REWARD
-    return {
+    out = {
         "score": format_score + answer_score,
         "acc": 1.0 if correct else 0.0,
         "format_ok": 1.0 if formatted else 0.0,
     }
+    traced = trace_ok(text, list(truth), extra_info)
+    if traced is not None:
+        out["trace_ok"] = traced
+    return out
