@@ -29,12 +29,14 @@ def _cmd_data_kk(args: argparse.Namespace) -> int:
             seed=args.seed,
             trace=args.trace,
             system_prompt=not args.no_system_prompt,
+            renderings=args.renderings,
         )
     except ValueError as e:  # a people range or count the generator cannot serve
         raise UsageError(f"lucidrl data kk: {e}") from e
     per = ", ".join(f"{n} people: {c}" for n, c in sorted(info["per_people"].items()))
-    print(f"wrote {info['n_train']} train puzzles to {info['train']}")
-    print(f"wrote {info['n_val']} val puzzles to {info['val']}")
+    copies = f" ({args.train} puzzles x {args.renderings} renderings)" if args.renderings > 1 else ""
+    print(f"wrote {info['n_train']} train rows{copies} to {info['train']}")
+    print(f"wrote {info['n_val']} val rows to {info['val']}")
     print(f"(both splits: {per}; seed {args.seed})")
     if args.trace:
         print("responses reason with truth-table traces before the answer (lucidrl/data/kk/trace.py)")
@@ -213,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-system-prompt",
         action="store_true",
         help="leave out Logic-RL's instruction (~150 tokens): for tiny models trained from scratch",
+    )
+    kk.add_argument(
+        "--renderings",
+        type=int,
+        default=1,
+        help="each train puzzle this many times, under fresh names and sentences (default 1: once)",
     )
     kk.set_defaults(fn=_cmd_data_kk)
 

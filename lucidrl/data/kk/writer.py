@@ -73,20 +73,29 @@ def write_kk_parquet(
     seed: int = 0,
     trace: bool = False,
     system_prompt: bool = True,
+    renderings: int = 1,
 ) -> dict:
     """Generate K&K puzzles and write `train.parquet` and `val.parquet` under `out_dir` (created if missing).
 
-    Returns {"train": path, "val": path, "n_train": int, "n_val": int, "per_people": {n: rows in both}}.
+    Returns {"train": path, "val": path, "n_train": rows, "n_val": rows, "per_people": {n: rows in both}}.
     With `trace`, each row's `response` reasons through a truth table before the answer (kk/trace.py).
     There are only 556 distinct 2-person puzzles; a request needing more raises ValueError.
     `system_prompt=False` leaves out Logic-RL's instruction (about 150 of a 2-person prompt's 220 tokens):
     for models trained from scratch, which cannot read it anyway, it is pure cost. The reward is unchanged.
+    `renderings` > 1 adds that many - 1 copies of each train puzzle under fresh names and sentences
+    (kk/augment.py): `n_train` puzzles, `n_train * renderings` train rows; val is never copied.
     """
+    from lucidrl.data.kk.augment import rerendered_rows
+
     people_values(people)  # validate before touching the file system
+    if isinstance(renderings, bool) or not isinstance(renderings, int) or renderings < 1:
+        raise ValueError(f"renderings={renderings!r}: must be an integer >= 1 (1: each puzzle once)")
     train, val = generate_dataset(people, n_train=n_train, n_val=n_val, seed=seed, trace=trace)
     if not system_prompt:
         for row in train + val:
             row["prompt"] = [m for m in row["prompt"] if m["role"] != "system"]
+    if renderings > 1:
+        train = rerendered_rows(train, renderings, seed, trace=trace)
     os.makedirs(out_dir, exist_ok=True)
     paths = {}
     for split, rows in (("train", train), ("val", val)):
