@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lucidrl.config import config_from_dict
@@ -73,6 +75,34 @@ def test_a_lucky_first_batch_is_not_a_best_to_fall_from():
     out = _feed(CollapseMonitor(cfg), [{"critic/score/mean": s} for s in falling])
     fired = [r for r in out if r is not None]
     assert len(fired) == 1 and "below its best" in fired[0].message()
+
+
+def test_the_demos_settings_ride_out_batch_noise_and_still_catch_a_collapse():
+    """Scores of a healthy demo GRPO run (renamed-label start, 16 prompts x 8) that a 3-step EMA with a
+    0.5 drop stopped at step 78: steps 43-45 reached 2.07-2.37, then ordinary batches (1.08-1.27)
+    pulled the short EMA 0.7 below. The demo's settings (EMA 0.9, drop 1.0) let it run, and still stop
+    a real collapse (format and answers lost: scores near -3) within a few steps."""
+    from lucidrl.trainer.demo import DemoPlan, grpo_config
+
+    demo = grpo_config("m", {"unlabelled": "u"}, Path("r"), DemoPlan(), 0)["trainer"]["collapse"]
+    cfg = CollapseConfig(**{**demo, "min_mixed_groups_ratio": None})
+    healthy = [
+        1.387, 1.27, 1.145, 1.082, 1.219, 1.578, 1.66, 1.523, 0.848, 1.797, 1.309, 1.711, 1.441, 1.289, 1.109,
+        0.91, 1.289, 1.754, 1.082, 1.914, 1.684, 1.559, 1.387, 1.816, 1.211, 1.695, 1.832, 1.59, 1.102, 1.559,
+        1.621, 1.621, 1.523, 1.289, 2.055, 1.465, 1.754, 1.887, 1.25, 1.992, 1.938, 1.941, 2.074, 2.258, 2.371,
+        1.574, 1.707, 1.988, 1.625, 2.168, 1.258, 1.387, 1.785, 1.871, 1.715, 1.234, 1.75, 1.465, 1.676, 2.0,
+        1.926, 1.586, 1.75, 1.793, 1.93, 1.34, 1.41, 1.848, 1.871, 1.605, 1.516, 2.031, 1.738, 1.078, 1.828,
+        1.258, 1.27, 1.359,
+    ]  # fmt: skip
+    old = CollapseConfig(patience=3, min_mixed_groups_ratio=None, max_score_drop=0.5, score_ema=0.7)
+    assert any(
+        r is not None for r in _feed(CollapseMonitor(old), [{"critic/score/mean": x} for x in healthy])
+    )
+    assert _feed(CollapseMonitor(cfg), [{"critic/score/mean": x} for x in healthy]) == [None] * len(healthy)
+    collapsing = healthy[:40] + [-2.5, -3.0, -3.0, -3.0, -3.0, -3.0, -3.0]
+    out = _feed(CollapseMonitor(cfg), [{"critic/score/mean": x} for x in collapsing])
+    fired = [i for i, r in enumerate(out) if r is not None]
+    assert fired and fired[0] <= 40 + 5, fired
 
 
 def test_reports_once():

@@ -15,15 +15,20 @@ from lucidrl.trainer.demo import DemoPlan, run_demo
 def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys):
     plan = DemoPlan(
         labelled=24, unlabelled=16, val=8, sft_s=3, rl_s=3, hidden=64, layers=2,
-        sft_batch=8, rl_prompts=4, rl_n=4, max_new_tokens=48, eval_k=2,
+        sft_batch=8, rl_prompts=4, rl_n=4, max_new_tokens=48, eval_k=2, renderings=2, pool_renderings=2,
     )  # fmt: skip
     results = run_demo(tmp_path, seeds=[3], plan=plan)
     seed_dir = tmp_path / "seed3"
     labelled = pq.read_table(seed_dir / "data" / "labelled.parquet")
     unlabelled = pq.read_table(seed_dir / "data" / "unlabelled.parquet")
-    assert labelled.num_rows == 24 and "response" in labelled.column_names
+    # 24 labelled puzzles, each also under fresh names; 16 pool puzzles likewise
+    assert labelled.num_rows == 48 and "response" in labelled.column_names
+    structures = [i["statements"] for i in labelled.column("extra_info").to_pylist()]
+    assert len(set(structures)) == 24
     # the RL pool carries prompts and the verifier's ground truth, never a trace
-    assert unlabelled.num_rows == 16 and "response" not in unlabelled.column_names
+    assert unlabelled.num_rows == 32 and "response" not in unlabelled.column_names
+    pool_structures = {i["statements"] for i in unlabelled.column("extra_info").to_pylist()}
+    assert len(pool_structures) == 16 and not pool_structures & set(structures)
     labelled_prompts = {json.dumps(p) for p in labelled.column("prompt").to_pylist()}
     assert not labelled_prompts & {json.dumps(p) for p in unlabelled.column("prompt").to_pylist()}
     # both branches start from the SFT checkpoint
@@ -34,6 +39,7 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys):
     assert r.rl_steps >= 1 and r.sft_only_steps >= 1
     for acc in (r.start, r.rl, r.sft_only):
         assert 0.0 <= acc["greedy_acc"] <= 1.0 and 0.0 <= acc["sampled_format"] <= 1.0
+        assert acc["greedy_trace_ok"] is None or 0.0 <= acc["greedy_trace_ok"] <= 1.0
     saved = json.loads((tmp_path / "demo_results.json").read_text())
     assert saved["seeds"][0]["rl"] == r.rl and saved["plan"]["labelled"] == 24
     out = capsys.readouterr().out
