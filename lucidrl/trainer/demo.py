@@ -260,7 +260,10 @@ def _line(acc: dict[str, float]) -> str:
 
 
 def results_table(results: list[SeedResult]) -> Table:
-    table = Table(title="held-out greedy accuracy (sampled accuracy, k samples at T=1, in brackets)")
+    table = Table(
+        title="held-out greedy accuracy (sampled accuracy, k samples at T=1, in brackets)",
+        caption="traces right: greedy traces right in every step, start/GRPO/SFT only",
+    )
     for col in (
         "seed",
         "RL start (SFT)",
@@ -268,7 +271,7 @@ def results_table(results: list[SeedResult]) -> Table:
         "SFT only, same time",
         "GRPO - start",
         "GRPO - SFT only",
-        "greedy traces right: start / GRPO / SFT only",
+        "traces right",
     ):
         table.add_column(col, justify="right")
     for r in results:
@@ -279,7 +282,7 @@ def results_table(results: list[SeedResult]) -> Table:
             f"{r.sft_only['greedy_acc']:.2f} ({r.sft_only['sampled_acc']:.2f})",
             f"{100 * (r.rl['greedy_acc'] - r.start['greedy_acc']):+.0f} pts",
             f"{100 * (r.rl['greedy_acc'] - r.sft_only['greedy_acc']):+.0f} pts",
-            " / ".join(_share(x.get("greedy_trace_ok")) for x in (r.start, r.rl, r.sft_only)),
+            "/".join(_share(x.get("greedy_trace_ok")) for x in (r.start, r.rl, r.sft_only)),
         )
     return table
 
