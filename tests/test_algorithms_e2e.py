@@ -59,7 +59,11 @@ CASES = {
         "algorithm.kl_ctrl.kl_coef=0.05",
         "algorithm.kl_penalty=low_var_kl",
     ],
-    "dynamic_bsz": [  # token-budget micro-batches in the update, the old-log-prob and reference passes
+    "dynamic_bsz": [  # token-budget micro-batches: actor update, old-log-prob, reference and critic passes
+        "algorithm.adv_estimator=gae",
+        "critic.optim.lr=1e-3",
+        "critic.use_dynamic_bsz=true",
+        "critic.ppo_max_token_len_per_gpu=2500",
         "actor.use_dynamic_bsz=true",
         "actor.ppo_max_token_len_per_gpu=2100",
         "actor.log_prob_max_token_len_per_gpu=3200",

@@ -73,6 +73,10 @@ def test_token_budgets_must_hold_one_whole_sample():
         ConfigError, match=r"actor.ppo_max_token_len_per_gpu=400 .* 300 \+ 200 = 500 tokens; set .* >= 500"
     ):
         config_from_dict({**small, "actor": {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 400}})
+    with pytest.raises(
+        ConfigError, match=r"critic.ppo_max_token_len_per_gpu=300 .* \(or critic.use_dynamic_bsz=false\)"
+    ):
+        config_from_dict({**small, "critic": {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 300}})
     with pytest.raises(ConfigError, match="actor.log_prob_max_token_len_per_gpu=499 "):
         config_from_dict({**small, "actor": {"use_dynamic_bsz": True, "log_prob_max_token_len_per_gpu": 499}})
     # the budget replaces the sample count: a micro-batch size that does not divide is not an error then

@@ -194,3 +194,49 @@ def test_entropy_is_a_graph_free_metric_unless_it_is_in_the_loss(kk_data, tiny_m
         assert metrics["actor/entropy"][0] > 0
         grads.append(torch.cat([p.grad.flatten() for p in actor.model.parameters() if p.grad is not None]))
     assert (grads[0] - grads[1]).abs().max() > 1e-4
+
+
+def test_critic_token_budget_values_and_gradient_match_one_micro_batch(kk_data, tiny_model, tiny_tokenizer):
+    from lucidrl.algos import compute_value_loss
+    from lucidrl.config.schema import CriticConfig
+    from lucidrl.workers.critic import CriticWorker, load_value_model, response_values
+    from lucidrl.workers.micro_batches import loss_weights
+
+    _, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
+    value_model = load_value_model(tiny_model["path"])
+    torch.nn.init.normal_(value_model.score.weight, std=0.1)  # a head with an opinion, so values differ
+    prompt = out["prompts"].shape[1]
+
+    def critic(**kw):
+        cfg = CriticConfig(optim=OptimConfig(lr=1e-2), **kw)
+        return CriticWorker(copy.deepcopy(value_model), cfg, mini_batch_prompts=4, samples_per_prompt=4)
+
+    budget = {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 3 * (prompt + 20)}
+    whole = critic(ppo_micro_batch_size=16).compute_values(out)["values"]
+    cut = critic(**budget).compute_values(out)["values"]
+    assert whole.abs().max() > 1e-3 and (whole - cut).abs().max() < 1e-5
+    out.set("values", whole)
+    out.set("returns", torch.randn(out["response_mask"].shape) * out["response_mask"])
+
+    def gradient(worker):  # what update() runs for one mini-batch, minus the optimizer step
+        ubs = [ub for _, ub in worker._micro_batches(out)]
+        for ub, w in zip(ubs, loss_weights(out, ubs, "token-mean"), strict=True):
+            loss, _ = compute_value_loss(
+                response_values(worker.model, ub),
+                ub["returns"],
+                ub["values"],
+                ub["response_mask"],
+                0.5,
+                "token-mean",
+            )
+            (loss * w).backward()
+        return len(ubs), torch.cat(
+            [p.grad.flatten() for p in worker.model.parameters() if p.grad is not None]
+        )
+
+    n1, g1 = gradient(critic(ppo_micro_batch_size=16))
+    n2, g2 = gradient(critic(**budget))
+    n3, g3 = gradient(critic(ppo_micro_batch_size=4))
+    assert n1 == 1 and n2 > 4 and n3 == 4 and g1.abs().max() > 1e-4
+    assert (g1 - g2).abs().max() < 1e-6 * max(1.0, g1.abs().max().item())
+    assert (g1 - g3).abs().max() < 1e-6 * max(1.0, g1.abs().max().item())

@@ -221,15 +221,20 @@ def _positive(cfg: LucidConfig, *keys: str) -> None:
 
 
 def _check_token_budgets(cfg: LucidConfig) -> None:
-    """With actor.use_dynamic_bsz every single sample must fit a micro-batch's token budget."""
+    """With use_dynamic_bsz (actor or critic) every single sample must fit a micro-batch's token budget."""
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
-    for key in ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
-        budget = getattr(cfg.actor, key)
+    budgets = []
+    if cfg.actor.use_dynamic_bsz:
+        budgets += [("actor", k) for k in ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu")]
+    if cfg.critic.use_dynamic_bsz:
+        budgets.append(("critic", "ppo_max_token_len_per_gpu"))
+    for section, key in budgets:
+        budget = getattr(getattr(cfg, section), key)
         if budget < longest:
             raise ConfigError(
-                f"actor.{key}={budget} is smaller than one sample can be: data.max_prompt_length + "
+                f"{section}.{key}={budget} is smaller than one sample can be: data.max_prompt_length + "
                 f"data.max_response_length = {cfg.data.max_prompt_length} + {cfg.data.max_response_length} = "
-                f"{longest} tokens; set actor.{key} >= {longest} (or actor.use_dynamic_bsz=false)"
+                f"{longest} tokens; set {section}.{key} >= {longest} (or {section}.use_dynamic_bsz=false)"
             )
 
 
@@ -327,9 +332,8 @@ def _validate_rl(cfg: LucidConfig) -> None:
             f"{a.ppo_mini_batch_size}; pick a mini-batch size that divides it"
         )
     samples = a.ppo_mini_batch_size * r.n
-    if a.use_dynamic_bsz:
-        _check_token_budgets(cfg)
-    elif samples % a.ppo_micro_batch_size:
+    _check_token_budgets(cfg)
+    if samples % a.ppo_micro_batch_size and not a.use_dynamic_bsz:
         raise ConfigError(
             f"a mini-batch holds actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size} x {r.n} = "
             f"{samples} samples, not divisible by actor.ppo_micro_batch_size={a.ppo_micro_batch_size}"
@@ -379,14 +383,19 @@ def _validate_rl(cfg: LucidConfig) -> None:
             f"reward.overlong_buffer.len={ob.len} must be in (0, data.max_response_length={d.max_response_length})"
         )
     c = cfg.critic
-    _positive(cfg, "critic.ppo_micro_batch_size", "critic.ppo_epochs", "critic.ppo_mini_batch_size")
+    _positive(
+        cfg,
+        "critic.ppo_micro_batch_size",
+        "critic.ppo_epochs",
+        "critic.ppo_mini_batch_size",
+        "critic.ppo_max_token_len_per_gpu",
+    )
     if c.warmup_steps < 0 or c.cliprange_value <= 0:
         raise ConfigError("critic.warmup_steps must be >= 0 and critic.cliprange_value > 0")
     if alg.adv_estimator == "gae":
         mini = (c.ppo_mini_batch_size or a.ppo_mini_batch_size) * r.n
-        if (
-            d.train_batch_size % (c.ppo_mini_batch_size or a.ppo_mini_batch_size)
-            or mini % c.ppo_micro_batch_size
+        if d.train_batch_size % (c.ppo_mini_batch_size or a.ppo_mini_batch_size) or (
+            mini % c.ppo_micro_batch_size and not c.use_dynamic_bsz
         ):
             raise ConfigError(
                 f"critic mini-batches of {mini} samples must divide the batch and be divisible by "

@@ -117,7 +117,8 @@ class ActorConfig:
     length_sorted_micro_batches: bool = True
     # verl's dynamic batch size: cut micro-batches by padded tokens (rows x (prompt + response width))
     # instead of sample counts, so many short samples share a forward and peak activation memory is
-    # bounded by the budget; the two *_micro_batch_size keys are then unused. Actor and reference only
+    # bounded by the budget; the two *_micro_batch_size keys are then unused. Actor and reference
+    # (the critic has its own: critic.use_dynamic_bsz)
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384  # tokens per update micro-batch (with use_dynamic_bsz)
     log_prob_max_token_len_per_gpu: int = 32768  # tokens per log-prob micro-batch, actor and reference
@@ -169,6 +170,10 @@ class CriticConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int | None = None  # prompts; defaults to actor.ppo_mini_batch_size
     ppo_micro_batch_size: int = 8  # samples per forward/backward
+    # as actor.use_dynamic_bsz: micro-batches of at most this many padded tokens, for the value
+    # forward and the update (ppo_micro_batch_size is then unused)
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 32768
     ppo_epochs: int = 1
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"

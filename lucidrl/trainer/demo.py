@@ -251,6 +251,10 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}"
+
+
 def _line(acc: dict[str, float]) -> str:
     return (
         f"greedy accuracy {acc['greedy_acc']:.2f} (format {acc['greedy_format']:.2f}, traces right "
@@ -262,7 +266,7 @@ def _line(acc: dict[str, float]) -> str:
 def results_table(results: list[SeedResult]) -> Table:
     table = Table(
         title="held-out greedy accuracy (sampled accuracy, k samples at T=1, in brackets)",
-        caption="traces right: greedy traces right in every step, start/GRPO/SFT only",
+        caption="traces right: % of greedy traces right in every step, start/GRPO/SFT only",
     )
     for col in (
         "seed",
@@ -271,7 +275,7 @@ def results_table(results: list[SeedResult]) -> Table:
         "SFT only, same time",
         "GRPO - start",
         "GRPO - SFT only",
-        "traces right",
+        "traces right %",
     ):
         table.add_column(col, justify="right")
     for r in results:
@@ -282,7 +286,7 @@ def results_table(results: list[SeedResult]) -> Table:
             f"{r.sft_only['greedy_acc']:.2f} ({r.sft_only['sampled_acc']:.2f})",
             f"{100 * (r.rl['greedy_acc'] - r.start['greedy_acc']):+.0f} pts",
             f"{100 * (r.rl['greedy_acc'] - r.sft_only['greedy_acc']):+.0f} pts",
-            "/".join(_share(x.get("greedy_trace_ok")) for x in (r.start, r.rl, r.sft_only)),
+            "/".join(_percent(x.get("greedy_trace_ok")) for x in (r.start, r.rl, r.sft_only)),
         )
     return table
 

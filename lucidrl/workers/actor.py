@@ -11,7 +11,7 @@ from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig
 from lucidrl.workers.forward import response_log_probs
-from lucidrl.workers.micro_batches import micro_batches, scatter_rows
+from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows
 from lucidrl.workers.optim import build_optimizer, clip_grad
 
 
@@ -166,22 +166,8 @@ class ActorWorker:
         return [ub for _, ub in micro_batches(mb, cfg.ppo_micro_batch_size, length_sorted, max_tokens)]
 
     def _loss_weights(self, mb: Batch, ubs: list[Batch]) -> list[float]:
-        """Each micro-batch's share of the mini-batch loss.
-
-        token-mean: its response tokens over the mini-batch's tokens on all ranks (times the rank
-        count, since data-parallel gradients are averaged), so the loss is one mean over every token
-        of the mini-batch whatever the micro-batching or the number of ranks. The seq-mean modes
-        average sequences: the share is the micro-batch's sample count (ranks hold equal counts).
-        """
-        if self.cfg.loss_agg_mode != "token-mean":
-            return [len(ub) / len(mb) for ub in ubs]
-        total = mb["response_mask"].sum().to(torch.float64)
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(total)  # one scalar per mini-batch
-        total = max(float(total), 1.0)
-        return [self.world_size * float(ub["response_mask"].sum()) / total for ub in ubs]
+        """Each micro-batch's share of the mini-batch loss (micro_batches.loss_weights)."""
+        return loss_weights(mb, ubs, self.cfg.loss_agg_mode, self.world_size)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each."""

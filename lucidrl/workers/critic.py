@@ -16,6 +16,7 @@ from lucidrl.config.schema import CriticConfig
 from lucidrl.models.loading import ModelLoadError
 from lucidrl.workers.actor import NonFiniteLossError
 from lucidrl.workers.forward import sequence_inputs
+from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows
 from lucidrl.workers.optim import build_optimizer, clip_grad
 
 
@@ -72,15 +73,25 @@ class CriticWorker:
     ):
         self.model = model
         self.cfg = cfg
+        self.world_size = world_size
         self.mini_batch = mini_batch_prompts * samples_per_prompt // world_size
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim)
+
+    def _micro_batches(self, batch: Batch) -> list[tuple[torch.Tensor, Batch]]:
+        """ppo_micro_batch_size samples in batch order; with use_dynamic_bsz, length-sorted, trimmed
+        micro-batches of at most ppo_max_token_len_per_gpu tokens (not trimmed for
+        seq-mean-token-sum-norm, which divides by the padded length)."""
+        c = self.cfg
+        if not c.use_dynamic_bsz:
+            return micro_batches(batch, c.ppo_micro_batch_size, False)
+        trim = c.loss_agg_mode != "seq-mean-token-sum-norm"
+        return micro_batches(batch, c.ppo_micro_batch_size, trim, c.ppo_max_token_len_per_gpu)
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         self.model.eval()
-        values = torch.cat(
-            [response_values(self.model, mb) for mb in batch.split(self.cfg.ppo_micro_batch_size)]
-        )
+        parts = [(idx, response_values(self.model, mb)) for idx, mb in self._micro_batches(batch)]
+        values = scatter_rows(parts, len(batch), batch["responses"].shape[1])
         return Batch(tensors={"values": values * batch["response_mask"]})
 
     def update(self, batch: Batch) -> dict[str, float]:
@@ -90,7 +101,10 @@ class CriticWorker:
         for _ in range(cfg.ppo_epochs):
             for mb in batch.split(self.mini_batch):
                 self.optimizer.zero_grad(set_to_none=True)
-                for ub in mb.split(cfg.ppo_micro_batch_size):
+                ubs = [ub for _, ub in self._micro_batches(mb)]
+                for ub, weight in zip(
+                    ubs, loss_weights(mb, ubs, cfg.loss_agg_mode, self.world_size), strict=True
+                ):
                     vpreds = response_values(self.model, ub)
                     loss, m = compute_value_loss(
                         vpreds,
@@ -100,7 +114,7 @@ class CriticWorker:
                         cfg.cliprange_value,
                         cfg.loss_agg_mode,
                     )
-                    (loss * len(ub) / len(mb)).backward()
+                    (loss * weight).backward()
                     metrics["critic/vf_loss"].append(loss.item())
                     metrics["critic/vf_clipfrac"].append(float(m["vf_clipfrac"]))
                     mask = ub["response_mask"].bool()

@@ -132,6 +132,25 @@ def micro_batches(
             for start in range(0, len(batch), size)]  # fmt: skip
 
 
+def loss_weights(mb: Batch, ubs: list[Batch], loss_agg_mode: str, world_size: int = 1) -> list[float]:
+    """Each micro-batch's share of the mini-batch loss.
+
+    token-mean: its response tokens over the mini-batch's tokens on all ranks (times the rank count,
+    since data-parallel gradients are averaged), so the loss is one mean over every token of the
+    mini-batch whatever the micro-batching or the number of ranks. The seq-mean modes average
+    sequences: the share is the micro-batch's sample count (ranks hold equal counts).
+    """
+    if loss_agg_mode != "token-mean":
+        return [len(ub) / len(mb) for ub in ubs]
+    total = mb["response_mask"].sum().to(torch.float64)
+    if world_size > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(total)  # one scalar per mini-batch
+    total = max(float(total), 1.0)
+    return [world_size * float(ub["response_mask"].sum()) / total for ub in ubs]
+
+
 def scatter_rows(parts: list[tuple[torch.Tensor, torch.Tensor]], n_rows: int, width: int) -> torch.Tensor:
     """(n_rows, width) tensor with each part's (len(idx), w <= width) rows at its indices, zeros after w."""
     first = parts[0][1]
