@@ -155,7 +155,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from lucidrl.trainer.demo import DemoPlan, run_demo
 
     plan = DemoPlan()
-    for key in ("labelled", "unlabelled", "sft_s", "rl_s", "hidden", "layers"):
+    for key in ("labelled", "unlabelled", "sft_s", "rl_s", "hidden", "layers", "renderings"):
         value = getattr(args, key)
         if value is not None:
             if value <= 0:
@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rl-seconds", dest="rl_s", type=float, help="each branch's time (default 360)")
     demo.add_argument("--hidden", type=int, help="model width (default 128)")
     demo.add_argument("--layers", type=int, help="model depth (default 2)")
+    demo.add_argument(
+        "--renderings", type=int, help="each labelled trace under this many sets of names (default 8; 1: as is)"
+    )
     demo.set_defaults(fn=_cmd_demo)
 
     train = sub.add_parser("train", help="train from a YAML config plus key=value overrides")

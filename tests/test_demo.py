@@ -49,3 +49,5 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys):
 def test_demo_refuses_more_puzzles_than_exist(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--labelled", "400", "--unlabelled", "100"]) == 2
     assert "more than the 556 distinct 2-person puzzles" in capsys.readouterr().err
+    assert main(["demo", "--out", str(tmp_path), "--renderings", "0"]) == 2
+    assert "--renderings must be > 0, got 0" in capsys.readouterr().err
