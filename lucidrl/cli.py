@@ -190,7 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--hidden", type=int, help="model width (default 128)")
     demo.add_argument("--layers", type=int, help="model depth (default 2)")
     demo.add_argument(
-        "--renderings", type=int, help="each labelled trace under this many sets of names (default 8; 1: as is)"
+        "--renderings",
+        type=int,
+        help="each labelled trace under this many sets of names (default 8; 1: as is)",
     )
     demo.set_defaults(fn=_cmd_demo)
 
