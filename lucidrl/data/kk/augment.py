@@ -42,9 +42,9 @@ def rerendered_rows(rows: Sequence[dict], copies: int, seed: int | str, trace: b
         raise ValueError(f"copies={copies!r}: must be an integer >= 1 (1 keeps the rows as they are)")
     rng = random.Random(f"lucidrl-kk-rerender-{seed}")
     out = [dict(r) for r in rows]
+    puzzles = [puzzle_from_row(row) for row in rows] if copies > 1 else []
     for _ in range(copies - 1):
-        for row in rows:
-            puzzle = puzzle_from_row(row)
+        for row, puzzle in zip(rows, puzzles, strict=True):
             renamed = Puzzle(puzzle.statements, tuple(rng.sample(NAMES, puzzle.n_people)), puzzle.knights)
             new = make_row(renamed, render_puzzle(renamed, rng), row["extra_info"]["split"], 0, trace=trace)
             if not any(m["role"] == "system" for m in row["prompt"]):
