@@ -12,7 +12,16 @@ from lucidrl.trainer.demo import DemoPlan, run_demo
 
 
 @pytest.mark.slow
-def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys):
+def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypatch):
+    import lucidrl.evaluation
+
+    calls, real_evaluate = [], lucidrl.evaluation.evaluate
+
+    def spy(model_path, data_files, **kw):
+        calls.append((model_path, data_files, kw.get("limit")))
+        return real_evaluate(model_path, data_files, **kw)
+
+    monkeypatch.setattr(lucidrl.evaluation, "evaluate", spy)
     plan = DemoPlan(
         labelled=24, unlabelled=16, val=8, sft_s=3, rl_s=3, hidden=64, layers=2,
         sft_batch=8, rl_prompts=4, rl_n=4, max_new_tokens=48, eval_k=2, renderings=2, pool_renderings=2,
@@ -40,10 +49,18 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys):
     for acc in (r.start, r.rl, r.sft_only):
         assert 0.0 <= acc["greedy_acc"] <= 1.0 and 0.0 <= acc["sampled_format"] <= 1.0
         assert acc["greedy_trace_ok"] is None or 0.0 <= acc["greedy_trace_ok"] <= 1.0
+        assert 0.0 <= acc["pool_greedy_acc"] <= 1.0
+    # each of the three models is evaluated on the held-out file and on the 16 pool puzzles' prompts
+    pool = str(seed_dir / "data" / "unlabelled.parquet")
+    for name in ("sft", "grpo", "sft_only"):
+        model_path = str(seed_dir / name / "final")
+        assert (model_path, [pool], 16) in calls
+        assert any(c[0] == model_path and c[1] == [str(seed_dir / "data" / "val.parquet")] for c in calls)
     saved = json.loads((tmp_path / "demo_results.json").read_text())
     assert saved["seeds"][0]["rl"] == r.rl and saved["plan"]["labelled"] == 24
     out = capsys.readouterr().out
     assert "GRPO beat both the start and SFT alone by >= 20 points in" in out and "of 1 seeds" in out
+    assert "on the RL prompts greedy" in out and "on RL prompts" in out
 
 
 def test_demo_refuses_more_puzzles_than_exist(tmp_path, capsys):

@@ -198,7 +198,23 @@ def _accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[str, f
         "sampled_acc": r["sampled"]["acc"],
         "sampled_format": r["sampled"]["format_ok"],
         "sampled_trace_ok": r["sampled"]["trace_ok"],
+        **_pool_accuracy(path, files, plan, seed),
     }
+
+
+def _pool_accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[str, float]:
+    """Greedy accuracy on the RL pool's puzzles (its first `unlabelled` rows): what GRPO trained on.
+
+    Set beside the held-out accuracy, it tells learning the task from learning the pool's answers:
+    2-person K&K has only 556 puzzle structures, and GRPO sees each pool puzzle several times.
+    """
+    from lucidrl.evaluation import evaluate
+
+    r = evaluate(
+        str(path), [files["unlabelled"]], k=1, max_new_tokens=plan.max_new_tokens, limit=plan.unlabelled,
+        seed=seed,
+    )["data_sources"]["kk_logic"]["greedy"]  # fmt: skip
+    return {"pool_greedy_acc": r["acc"], "pool_greedy_trace_ok": r["trace_ok"]}
 
 
 def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResult:
@@ -259,14 +275,18 @@ def _line(acc: dict[str, float]) -> str:
     return (
         f"greedy accuracy {acc['greedy_acc']:.2f} (format {acc['greedy_format']:.2f}, traces right "
         f"{_share(acc['greedy_trace_ok'])}), sampled {acc['sampled_acc']:.2f} (format "
-        f"{acc['sampled_format']:.2f}, traces right {_share(acc['sampled_trace_ok'])})"
+        f"{acc['sampled_format']:.2f}, traces right {_share(acc['sampled_trace_ok'])}); on the RL "
+        f"prompts greedy {acc['pool_greedy_acc']:.2f}"
     )
 
 
 def results_table(results: list[SeedResult]) -> Table:
     table = Table(
         title="held-out greedy accuracy (sampled accuracy, k samples at T=1, in brackets)",
-        caption="traces right: % of greedy traces right in every step, start/GRPO/SFT only",
+        caption=(
+            "traces right: % of greedy traces right in every step; on RL prompts: greedy accuracy % on the "
+            "puzzles GRPO trained on (never held out); both start/GRPO/SFT only"
+        ),
     )
     for col in (
         "seed",
@@ -276,6 +296,7 @@ def results_table(results: list[SeedResult]) -> Table:
         "GRPO - start",
         "GRPO - SFT only",
         "traces right %",
+        "on RL prompts %",
     ):
         table.add_column(col, justify="right")
     for r in results:
@@ -287,6 +308,7 @@ def results_table(results: list[SeedResult]) -> Table:
             f"{100 * (r.rl['greedy_acc'] - r.start['greedy_acc']):+.0f} pts",
             f"{100 * (r.rl['greedy_acc'] - r.sft_only['greedy_acc']):+.0f} pts",
             "/".join(_percent(x.get("greedy_trace_ok")) for x in (r.start, r.rl, r.sft_only)),
+            "/".join(_percent(x.get("pool_greedy_acc")) for x in (r.start, r.rl, r.sft_only)),
         )
     return table
 
