@@ -70,6 +70,12 @@ CASES = {
         "actor.reuse_rollout_log_probs=false",
         "actor.use_kl_loss=true",
     ],
+    "head_chunks": [  # the LM head in 16-token chunks: update (entropy in the loss), old-log-prob, reference
+        "actor.head_chunk_tokens=16",
+        "actor.reuse_rollout_log_probs=false",
+        "actor.use_kl_loss=true",
+        "actor.entropy_coeff=0.001",
+    ],
     "dapo": [
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.max_num_gen_batches=3",

@@ -79,6 +79,12 @@ def test_separate_pools_and_placement_errors():
         _placement("placement.actor.pool=other", "placement.pools={global: {}, other: {}}")
     with pytest.raises(ConfigError, match="trainer.backend=local runs one rank.*trainer.backend=ray"):
         _placement("placement.pools={global: {devices_per_node: 2}}")
+    with pytest.raises(ConfigError, match=r"actor.head_chunk_tokens=256: .*one rank only.*placed on 2"):
+        _placement(
+            "trainer.backend=ray",
+            "actor.head_chunk_tokens=256",
+            "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
+        )
     with pytest.raises(ConfigError, match="placement.actor.pool='gpus' is not a pool"):
         _placement("placement.actor.pool=gpus")
     with pytest.raises(ConfigError, match="unknown role 'actr'"):

@@ -316,6 +316,11 @@ def _validate_rl(cfg: LucidConfig) -> None:
         "rollout.val_kwargs.n",
     )
     _validate_collapse(cfg.trainer.collapse)
+    if cfg.actor.head_chunk_tokens < 0:
+        raise ConfigError(
+            f"actor.head_chunk_tokens must be >= 0 (0: the LM head on the whole micro-batch at once), got "
+            f"{cfg.actor.head_chunk_tokens}"
+        )
     if cfg.trainer.max_time_s is not None and cfg.trainer.max_time_s <= 0:
         raise ConfigError(
             f"trainer.max_time_s must be > 0 seconds (or null: no limit), got {cfg.trainer.max_time_s}"

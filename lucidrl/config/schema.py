@@ -122,6 +122,10 @@ class ActorConfig:
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384  # tokens per update micro-batch (with use_dynamic_bsz)
     log_prob_max_token_len_per_gpu: int = 32768  # tokens per log-prob micro-batch, actor and reference
+    # > 0: the LM head, log-prob and entropy run on at most this many response tokens at a time, in
+    # every actor and reference forward, and the (samples, response length, vocabulary) logits are
+    # never formed (chunks checkpointed for the backward). 0: the whole micro-batch at once. One rank only
+    head_chunk_tokens: int = 0
     ppo_epochs: int = 1
     policy_loss: str = "vanilla"
     clip_ratio_low: float = 0.2

@@ -123,6 +123,13 @@ def plan_groups(cfg: LucidConfig) -> list[GroupPlan]:
                 f"{wide[0].world_size} devices ({wide[0].where}); set trainer.backend=ray for data parallelism"
             )
     for p in plans:
+        if "actor" in p.roles and p.world_size > 1 and cfg.actor.head_chunk_tokens > 0:
+            raise ConfigError(
+                f"actor.head_chunk_tokens={cfg.actor.head_chunk_tokens}: the chunked LM head runs with one rank "
+                f"only for now, but the actor is placed on {p.world_size} ({p.where}); set "
+                "actor.head_chunk_tokens=0 or place the actor on one device"
+            )
+    for p in plans:
         explicit = getattr(pl, sorted(p.roles)[0]).devices
         if cfg.trainer.backend == "ray" and explicit and any(d.startswith("cuda") for d in explicit):
             raise ConfigError(

@@ -13,8 +13,9 @@ Labelled reasoning is scarce, a checker is cheap: can RL turn the checker into a
       detection that stops the run and falls back to the last healthy weights);
    b. the baseline: SFT continued on the same labelled set;
 5. held-out greedy accuracy (and sampled accuracy, k samples at temperature 1, and the share of
-   traces right in every step) of the start and of both branches, printed per seed and written to
-   `demo_results.json`.
+   traces right in every step) of the start and of both branches, and their greedy accuracy on the
+   RL pool's own puzzles (learning the task vs learning the pool's answers), printed per seed and
+   written to `demo_results.json`.
 
 The RL user's budget is SFT + RL (`sft_s + rl_s`); the SFT-only baseline gets the same total.
 """

@@ -10,7 +10,7 @@ import torch
 from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig
-from lucidrl.workers.forward import response_log_probs
+from lucidrl.workers.forward import check_chunkable_head, response_log_probs
 from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows
 from lucidrl.workers.optim import build_optimizer, clip_grad
 
@@ -28,6 +28,7 @@ def per_token_log_probs(
     share_prompt: bool,
     length_sorted: bool,
     max_tokens: int | None = None,
+    head_chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(bs, R) log-probs (and entropy) of the responses, in micro-batches (length-sorted and trimmed;
     of `micro_batch_size` samples, or of at most `max_tokens` padded tokens when it is set)."""
@@ -35,8 +36,9 @@ def per_token_log_probs(
     lps, ents = [], []
     for idx, mb in chunks:
         lp, ent = response_log_probs(
-            model, mb, temperature=temperature, with_entropy=with_entropy, share_prompt=share_prompt
-        )
+            model, mb, temperature=temperature, with_entropy=with_entropy, share_prompt=share_prompt,
+            head_chunk_tokens=head_chunk_tokens,
+        )  # fmt: skip
         lps.append((idx, lp))
         ents.append((idx, ent))
     width = batch["responses"].shape[1]
@@ -56,8 +58,12 @@ class ReferenceWorker:
         share_prompt: bool = True,
         length_sorted: bool = True,
         max_tokens: int | None = None,
+        head_chunk_tokens: int = 0,
     ):
         self.model = model.eval().requires_grad_(False)
+        self.head_chunk_tokens = head_chunk_tokens
+        if head_chunk_tokens:
+            check_chunkable_head(model)
         self.share_prompt = share_prompt
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
@@ -76,6 +82,7 @@ class ReferenceWorker:
             self.share_prompt,
             self.length_sorted,
             self.max_tokens,
+            self.head_chunk_tokens,
         )
         return Batch(tensors={"ref_log_probs": lp * batch["response_mask"]})
 
@@ -98,6 +105,8 @@ class ActorWorker:
         # a mini-batch is ppo_mini_batch_size prompts in all; each data-parallel rank holds its share
         self.mini_batch = cfg.ppo_mini_batch_size * samples_per_prompt // world_size
         self.world_size = world_size
+        if cfg.head_chunk_tokens:
+            check_chunkable_head(model)
         self.policy_loss_fn = get_policy_loss(cfg.policy_loss)
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim)
         self.nonfinite_skipped = 0
@@ -112,7 +121,7 @@ class ActorWorker:
             lp, ent = per_token_log_probs(
                 self.model, batch, c.log_prob_micro_batch_size, self.temperature, True,
                 c.share_prompt_forward, c.length_sorted_micro_batches,
-                c.log_prob_max_token_len_per_gpu if c.use_dynamic_bsz else None,
+                c.log_prob_max_token_len_per_gpu if c.use_dynamic_bsz else None, c.head_chunk_tokens,
             )  # fmt: skip
         finally:
             self.model.train(was_training)
@@ -129,6 +138,7 @@ class ActorWorker:
             with_entropy=True,
             share_prompt=cfg.share_prompt_forward,
             entropy_grad=bool(cfg.entropy_coeff),  # otherwise a metric: kept out of autograd
+            head_chunk_tokens=cfg.head_chunk_tokens,
         )
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=ub["old_log_probs"],

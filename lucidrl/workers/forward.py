@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from lucidrl.algos import entropy_from_logits, logprobs_from_logits
@@ -27,8 +28,18 @@ def group_starts(uids: list) -> list[int]:
     return [i for i in range(len(uids)) if i == 0 or uids[i] != uids[i - 1]]
 
 
-def _response_logits_shared_prefix(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """(bs, R, V) logits predicting each response token, each prompt run through the model once.
+def _run(model: torch.nn.Module, hidden: bool, **kwargs) -> torch.Tensor:
+    """The model's logits, or with `hidden` its decoder's last hidden states (the LM head's input)."""
+    if hidden:
+        return model.get_decoder()(**kwargs).last_hidden_state
+    return model(**kwargs).logits
+
+
+def _response_logits_shared_prefix(
+    model: torch.nn.Module, batch: Batch, hidden: bool = False
+) -> torch.Tensor:
+    """(bs, R, V) logits predicting each response token, each prompt run through the model once
+    (with `hidden`: (bs, R, H), the hidden states the LM head turns into those logits).
 
     The prompt forward fills a KV cache for the distinct prompts; the cache rows are then gathered
     per sample (differentiably, so gradients reach the prompt positions) and the responses run on top
@@ -44,22 +55,19 @@ def _response_logits_shared_prefix(model: torch.nn.Module, batch: Batch) -> torc
     prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()  # filled in place by the forward (gradients flow through it)
     kw = _cache_kwarg(model)
-    out = model(
-        input_ids=prompts, attention_mask=prompt_mask, position_ids=prompt_pos, use_cache=True,
-        **{kw: cache}, **last_logits_only(model),
+    out = _run(
+        model, hidden, input_ids=prompts, attention_mask=prompt_mask, position_ids=prompt_pos,
+        use_cache=True, **{kw: cache}, **({} if hidden else last_logits_only(model)),
     )  # fmt: skip
-    first = out.logits[:, -1:, :][row_group]  # predicts each sample's first response token
+    first = out[:, -1:, :][row_group]  # predicts each sample's first response token
     cache.batch_select_indices(row_group.to(prompts.device))
     mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
     resp_pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, prompts.shape[1] :]
-    out = model(
-        input_ids=batch["responses"],
-        attention_mask=mask,
-        position_ids=resp_pos,
-        use_cache=True,
-        **{kw: cache},
-    )
-    return torch.cat([first, out.logits[:, :-1, :]], dim=1)
+    out = _run(
+        model, hidden, input_ids=batch["responses"], attention_mask=mask, position_ids=resp_pos,
+        use_cache=True, **{kw: cache},
+    )  # fmt: skip
+    return torch.cat([first, out[:, :-1, :]], dim=1)
 
 
 def response_log_probs(
@@ -70,6 +78,7 @@ def response_log_probs(
     with_entropy: bool,
     share_prompt: bool = False,
     entropy_grad: bool = True,
+    head_chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(response token) (bs, R) at `temperature`, and the entropy (bs, R) if asked.
 
@@ -79,17 +88,32 @@ def response_log_probs(
 
     `share_prompt`: run each distinct prompt once for all its samples (_response_logits_shared_prefix);
     it applies when consecutive samples share a uid, as rollouts lay them out.
+
+    `head_chunk_tokens` > 0: the (bs, R, V) logits are never formed. The LM head, log-prob and entropy
+    run on at most that many response tokens at a time (`chunked_head_log_probs`), only on tokens of
+    the response mask; positions outside it get log-prob and entropy 0.
     """
+    hidden = head_chunk_tokens > 0
+    if hidden:
+        check_chunkable_head(model)
     if share_prompt and "uid" in batch and len(set(batch["uid"])) < len(batch):
-        logits = _response_logits_shared_prefix(model, batch)
+        states = _response_logits_shared_prefix(model, batch, hidden)
     else:
         input_ids, attention_mask, position_ids = sequence_inputs(batch)
         resp_len = batch["responses"].shape[1]
-        out = model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        )
-        # the logit at position t predicts token t+1: responses are predicted by the R positions before them
-        logits = out.logits[:, -resp_len - 1 : -1, :]
+        out = _run(
+            model, hidden, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            use_cache=False,
+        )  # fmt: skip
+        # the output at position t predicts token t+1: responses are predicted by the R positions before them
+        states = out[:, -resp_len - 1 : -1, :]
+    if hidden:
+        return chunked_head_log_probs(
+            model.get_output_embeddings(), states, batch["responses"], batch["response_mask"],
+            temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
+            chunk_tokens=head_chunk_tokens,
+        )  # fmt: skip
+    logits = states
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = logprobs_from_logits(logits, batch["responses"])
@@ -99,4 +123,86 @@ def response_log_probs(
     elif with_entropy:
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
+    return log_probs, entropy
+
+
+# config attributes of models whose logits are more than lm_head(hidden): the chunked path would skip them
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def check_chunkable_head(model: torch.nn.Module) -> None:
+    """Raise ValueError unless the model's logits are exactly `get_output_embeddings()(decoder output)`."""
+    name = type(model).__name__
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        # The chunked path calls the decoder and the head directly, past the root's forward hooks that
+        # all-gather FSDP2's root parameter group (embeddings, final norm, head).
+        raise ValueError(
+            f"actor.head_chunk_tokens > 0 is not supported with FSDP2 yet (the model is a {name}: the "
+            "chunked path would bypass the root's all-gather); set actor.head_chunk_tokens=0 or use one rank"
+        )
+    if not (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
+        raise ValueError(
+            f"actor.head_chunk_tokens > 0 needs a plain HuggingFace causal LM (get_decoder / "
+            f"get_output_embeddings), but the model is a {name} (a DDP or other wrapper: the chunked LM "
+            "head runs with one rank only for now); set actor.head_chunk_tokens=0"
+        )
+    config = getattr(model, "config", None)
+    transforms = [a for a in _LOGIT_TRANSFORMS if getattr(config, a, None) not in (None, 1, 1.0)]
+    if transforms or model.get_output_embeddings() is None:
+        raise ValueError(
+            f"actor.head_chunk_tokens > 0: {name}'s logits are not just its LM head's output "
+            f"({', '.join(transforms) or 'no output embeddings'} in its config), which the chunked path "
+            "would skip; set actor.head_chunk_tokens=0"
+        )
+
+
+def chunked_head_log_probs(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+    chunk_tokens: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of `labels` (bs, R) under head(hidden) / temperature, `chunk_tokens`
+    masked positions at a time, in float32.
+
+    Each chunk's logits exist only while its chunk is computed: with gradients, a chunk is
+    checkpointed (its logits recomputed in the backward pass), so neither pass ever holds more than
+    one chunk's (chunk_tokens, V) logits and their softmax. Same numbers as the whole-batch path up to
+    float rounding; positions outside `mask` get 0.
+    """
+    sel = mask.bool()
+    h, y = hidden[sel], labels[sel]
+    grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
+
+    def chunk(hc: torch.Tensor, yc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = head(hc).float()  # one chunk in float32 at once (a bf16 head's output too)
+        if temperature != 1.0:
+            logits = logits / temperature
+        lp = logprobs_from_logits(logits, yc)
+        if not with_entropy:
+            return lp, lp.new_zeros(())
+        if entropy_grad:
+            return lp, entropy_from_logits(logits)
+        with torch.no_grad():
+            return lp, entropy_from_logits(logits.detach())
+
+    lps, ents = [], []
+    for start in range(0, h.shape[0], chunk_tokens):
+        hc, yc = h[start : start + chunk_tokens], y[start : start + chunk_tokens]
+        lp, ent = checkpoint(chunk, hc, yc, use_reentrant=False) if grad else chunk(hc, yc)
+        lps.append(lp)
+        ents.append(ent)
+    log_probs = hidden.new_zeros(labels.shape, dtype=torch.float32)
+    log_probs = log_probs.masked_scatter(sel, torch.cat(lps)) if lps else log_probs
+    entropy = None
+    if with_entropy:
+        entropy = hidden.new_zeros(labels.shape, dtype=torch.float32)
+        entropy = entropy.masked_scatter(sel, torch.cat(ents)) if ents else entropy
     return log_probs, entropy

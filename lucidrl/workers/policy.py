@@ -79,6 +79,7 @@ class PolicyWorker:
                     share_prompt=cfg.actor.share_prompt_forward,
                     length_sorted=cfg.actor.length_sorted_micro_batches,
                     max_tokens=ref_max_tokens,
+                    head_chunk_tokens=cfg.actor.head_chunk_tokens,
                 )
             # with one rank the hf rollout generates with the actor's own module; with several it gets
             # a full copy (FSDP2 shards the actor in place)
@@ -103,6 +104,7 @@ class PolicyWorker:
                 share_prompt=cfg.actor.share_prompt_forward,
                 length_sorted=cfg.actor.length_sorted_micro_batches,
                 max_tokens=ref_max_tokens,
+                head_chunk_tokens=cfg.actor.head_chunk_tokens,
             )
         if "critic" in roles:
             c = cfg.critic
