@@ -50,6 +50,8 @@ def _unknown_key_error(key: str, source: str, root: type) -> ConfigError:
 def _type_name(hint: Any) -> str:
     if get_origin(hint) is Literal:
         return " | ".join(repr(a) for a in get_args(hint))
+    if get_origin(hint) in (Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else _type_name(a) for a in get_args(hint))
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
@@ -252,7 +254,23 @@ def _check_loggers(backends: list[str]) -> None:
         raise ConfigError(f"trainer.logger has unknown backend(s) {bad}; available: console, jsonl")
 
 
+def _validate_precision(m: Any) -> None:
+    """model.dtype and model.compute_dtype: float32 weights may compute in bfloat16, not the reverse."""
+    if m.dtype == "bfloat16" and m.compute_dtype == "float32":
+        raise ConfigError(
+            "model.compute_dtype=float32 over model.dtype=bfloat16 weights: the weights' precision is gone "
+            "before any float32 compute; set model.dtype=float32 (optionally with model.compute_dtype=bfloat16 "
+            "for bf16 compute over float32 master weights)"
+        )
+
+
 def _validate_sft(cfg: SFTConfig) -> None:
+    _validate_precision(cfg.model)
+    if cfg.bf16_autocast and cfg.model.compute_dtype == "float32":
+        raise ConfigError(
+            "bf16_autocast=true asks for bfloat16 compute but model.compute_dtype=float32 says float32; "
+            "drop one (model.compute_dtype=bfloat16 is the same as bf16_autocast=true)"
+        )
     _positive(
         cfg,
         "data.max_length",
@@ -316,6 +334,7 @@ def _validate_rl(cfg: LucidConfig) -> None:
         "rollout.val_kwargs.n",
     )
     _validate_collapse(cfg.trainer.collapse)
+    _validate_precision(cfg.model)
     if cfg.actor.head_chunk_tokens < 0:
         raise ConfigError(
             f"actor.head_chunk_tokens must be >= 0 (0: the LM head on the whole micro-batch at once), got "

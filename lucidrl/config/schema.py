@@ -18,6 +18,9 @@ class ModelConfig:
     tokenizer_path: str | None = None  # defaults to model.path
     pad_token: str | None = None  # used when the tokenizer has none; else eos is used, with a warning
     dtype: Literal["float32", "bfloat16"] = "float32"  # parameter dtype of actor and reference
+    # None: compute in `dtype`. "bfloat16" over float32 weights: bf16 autocast in every forward (rollout,
+    # log-prob passes, updates) with float32 master weights, gradients and optimizer state
+    compute_dtype: Literal["float32", "bfloat16"] | None = None
     trust_remote_code: bool = False
 
 

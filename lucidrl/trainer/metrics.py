@@ -72,6 +72,7 @@ def step_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
         # sampling vs training log-probs of the same weights: ~1e-6 in float32; growth means a mismatch
         diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
         out["rollout/logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
+        out["rollout/logprob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
     return out
 
 

@@ -14,6 +14,7 @@ from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
+from lucidrl.models.precision import autocast_dtype, cpu_has_native_bf16
 from lucidrl.trainer import setup
 from lucidrl.trainer.collapse import CollapseMonitor, CollapseReport
 from lucidrl.trainer.collect import BatchCollector
@@ -96,10 +97,14 @@ class PPOTrainer:
             else None
         )
         a = cfg.actor
+        # bf16 compute: the decode loop's incremental forwards and the update's full forward round
+        # differently, so the old log-probs come from the update's own forward (ratio 1 at the start)
+        self.mixed_precision = autocast_dtype(cfg.model.dtype, cfg.model.compute_dtype) is not None
         self.on_policy = (
             a.reuse_rollout_log_probs
             and a.ppo_epochs == 1
             and a.ppo_mini_batch_size == cfg.data.train_batch_size
+            and not self.mixed_precision
         )
         self.global_step = 0
         self.monitor = CollapseMonitor(cfg.trainer.collapse)
@@ -121,6 +126,16 @@ class PPOTrainer:
             f"KL in reward {'on (' + cfg.algorithm.kl_penalty + ')' if cfg.algorithm.use_kl_in_reward else 'off'}, "
             f"critic {'on' if self.workers.critic is not None else 'off'}",
         ]
+        if self.mixed_precision and cfg.trainer.device == "cpu" and cpu_has_native_bf16() is False:
+            lines.append(
+                "model.compute_dtype=bfloat16 on a CPU without AVX-512 BF16 or AMX: its bfloat16 matmuls are "
+                "emulated, several times slower than float32 (benchmarks/mixed_precision.py); use float32 here"
+            )
+        if self.mixed_precision and cfg.actor.reuse_rollout_log_probs:
+            lines.append(
+                "bfloat16 compute over float32 weights: old log-probs are recomputed by the actor, not taken "
+                "from the rollout (rollout/logprob_diff_max shows how far the two are apart)"
+            )
         if self.loader.dropped_per_epoch:
             lines.append(
                 f"{self.loader.dropped_per_epoch} prompts per epoch do not fill a batch of "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from lucidrl.config import SFTConfig
 from lucidrl.data.sft_dataset import IGNORE, collate_sft, load_sft_rows, sft_batches
 from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
 from lucidrl.models.loading import DTYPES
+from lucidrl.models.precision import autocast_dtype, compute_context
 from lucidrl.models.saving import save_hf_folder
 from lucidrl.trainer.setup import prepare_run_dir, seed_everything
 from lucidrl.trainer.tracking import Tracker
@@ -73,11 +73,9 @@ class SFTTrainer:
         self.last_val: dict[str, float] = {}
 
     def _autocast(self):
-        if self.cfg.bf16_autocast:
-            return torch.autocast(
-                device_type=torch.device(self.cfg.trainer.device).type, dtype=torch.bfloat16
-            )
-        return contextlib.nullcontext()
+        m = self.cfg.model
+        dtype = torch.bfloat16 if self.cfg.bf16_autocast else autocast_dtype(m.dtype, m.compute_dtype)
+        return compute_context(self.model, dtype)
 
     def step(self, rows) -> dict[str, float]:
         cfg = self.cfg

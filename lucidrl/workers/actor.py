@@ -10,6 +10,7 @@ import torch
 from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig
+from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import check_chunkable_head, response_log_probs
 from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows
 from lucidrl.workers.optim import build_optimizer, clip_grad
@@ -59,9 +60,11 @@ class ReferenceWorker:
         length_sorted: bool = True,
         max_tokens: int | None = None,
         head_chunk_tokens: int = 0,
+        compute_dtype: torch.dtype | None = None,
     ):
         self.model = model.eval().requires_grad_(False)
         self.head_chunk_tokens = head_chunk_tokens
+        self.compute_dtype = compute_dtype  # autocast dtype (model.compute_dtype); None: the weights'
         if head_chunk_tokens:
             check_chunkable_head(model)
         self.share_prompt = share_prompt
@@ -73,17 +76,18 @@ class ReferenceWorker:
     @torch.no_grad()
     def compute_log_prob(self, batch: Batch) -> Batch:
         """Batch with `ref_log_probs (bs, R)`."""
-        lp, _ = per_token_log_probs(
-            self.model,
-            batch,
-            self.micro_batch_size,
-            self.temperature,
-            False,
-            self.share_prompt,
-            self.length_sorted,
-            self.max_tokens,
-            self.head_chunk_tokens,
-        )
+        with compute_context(self.model, self.compute_dtype):
+            lp, _ = per_token_log_probs(
+                self.model,
+                batch,
+                self.micro_batch_size,
+                self.temperature,
+                False,
+                self.share_prompt,
+                self.length_sorted,
+                self.max_tokens,
+                self.head_chunk_tokens,
+            )
         return Batch(tensors={"ref_log_probs": lp * batch["response_mask"]})
 
 
@@ -98,10 +102,12 @@ class ActorWorker:
         temperature: float,
         samples_per_prompt: int,
         world_size: int = 1,
+        compute_dtype: torch.dtype | None = None,
     ):
         self.model = model
         self.cfg = cfg
         self.temperature = temperature
+        self.compute_dtype = compute_dtype  # autocast dtype of every forward; weights and grads keep theirs
         # a mini-batch is ppo_mini_batch_size prompts in all; each data-parallel rank holds its share
         self.mini_batch = cfg.ppo_mini_batch_size * samples_per_prompt // world_size
         self.world_size = world_size
@@ -118,11 +124,12 @@ class ActorWorker:
         self.model.eval()
         c = self.cfg
         try:
-            lp, ent = per_token_log_probs(
-                self.model, batch, c.log_prob_micro_batch_size, self.temperature, True,
-                c.share_prompt_forward, c.length_sorted_micro_batches,
-                c.log_prob_max_token_len_per_gpu if c.use_dynamic_bsz else None, c.head_chunk_tokens,
-            )  # fmt: skip
+            with compute_context(self.model, self.compute_dtype):
+                lp, ent = per_token_log_probs(
+                    self.model, batch, c.log_prob_micro_batch_size, self.temperature, True,
+                    c.share_prompt_forward, c.length_sorted_micro_batches,
+                    c.log_prob_max_token_len_per_gpu if c.use_dynamic_bsz else None, c.head_chunk_tokens,
+                )  # fmt: skip
         finally:
             self.model.train(was_training)
         mask = batch["response_mask"]
@@ -131,15 +138,16 @@ class ActorWorker:
     def _micro_step(self, ub: Batch, weight: float, metrics: dict[str, list[float]]) -> None:
         cfg = self.cfg
         mask = ub["response_mask"]
-        log_prob, entropy = response_log_probs(
-            self.model,
-            ub,
-            temperature=self.temperature,
-            with_entropy=True,
-            share_prompt=cfg.share_prompt_forward,
-            entropy_grad=bool(cfg.entropy_coeff),  # otherwise a metric: kept out of autograd
-            head_chunk_tokens=cfg.head_chunk_tokens,
-        )
+        with compute_context(self.model, self.compute_dtype):  # the backward below runs outside it
+            log_prob, entropy = response_log_probs(
+                self.model,
+                ub,
+                temperature=self.temperature,
+                with_entropy=True,
+                share_prompt=cfg.share_prompt_forward,
+                entropy_grad=bool(cfg.entropy_coeff),  # otherwise a metric: kept out of autograd
+                head_chunk_tokens=cfg.head_chunk_tokens,
+            )
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=ub["old_log_probs"],
             log_prob=log_prob,

@@ -14,6 +14,7 @@ from lucidrl.algos import compute_value_loss
 from lucidrl.batch import Batch
 from lucidrl.config.schema import CriticConfig
 from lucidrl.models.loading import ModelLoadError
+from lucidrl.models.precision import compute_context
 from lucidrl.workers.actor import NonFiniteLossError
 from lucidrl.workers.forward import sequence_inputs
 from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows
@@ -70,10 +71,12 @@ class CriticWorker:
         mini_batch_prompts: int,
         samples_per_prompt: int,
         world_size: int = 1,
+        compute_dtype: torch.dtype | None = None,
     ):
         self.model = model
         self.cfg = cfg
         self.world_size = world_size
+        self.compute_dtype = compute_dtype  # autocast dtype of the value forwards (model.compute_dtype)
         self.mini_batch = mini_batch_prompts * samples_per_prompt // world_size
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim)
 
@@ -90,7 +93,8 @@ class CriticWorker:
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         self.model.eval()
-        parts = [(idx, response_values(self.model, mb)) for idx, mb in self._micro_batches(batch)]
+        with compute_context(self.model, self.compute_dtype):
+            parts = [(idx, response_values(self.model, mb)) for idx, mb in self._micro_batches(batch)]
         values = scatter_rows(parts, len(batch), batch["responses"].shape[1])
         return Batch(tensors={"values": values * batch["response_mask"]})
 
@@ -105,7 +109,8 @@ class CriticWorker:
                 for ub, weight in zip(
                     ubs, loss_weights(mb, ubs, cfg.loss_agg_mode, self.world_size), strict=True
                 ):
-                    vpreds = response_values(self.model, ub)
+                    with compute_context(self.model, self.compute_dtype):
+                        vpreds = response_values(self.model, ub)
                     loss, m = compute_value_loss(
                         vpreds,
                         ub["returns"],

@@ -32,6 +32,7 @@ from lucidrl.controller.distributed import (
 from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
 from lucidrl.models.loading import DTYPES
+from lucidrl.models.precision import autocast_dtype
 from lucidrl.models.saving import save_hf_folder
 from lucidrl.workers.actor import ActorWorker, ReferenceWorker
 from lucidrl.workers.critic import CriticWorker, load_value_model
@@ -62,6 +63,7 @@ class PolicyWorker:
                 )
         m = cfg.model
         dtype = DTYPES[m.dtype]
+        compute = self.compute_dtype = autocast_dtype(m.dtype, m.compute_dtype)  # bf16 over fp32 weights
         self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
         self.actor = self.rollout = self.reference = self.critic = None
         sharded = self.world_size > 1
@@ -80,6 +82,7 @@ class PolicyWorker:
                     length_sorted=cfg.actor.length_sorted_micro_batches,
                     max_tokens=ref_max_tokens,
                     head_chunk_tokens=cfg.actor.head_chunk_tokens,
+                    compute_dtype=compute,
                 )
             # with one rank the hf rollout generates with the actor's own module; with several it gets
             # a full copy (FSDP2 shards the actor in place)
@@ -92,6 +95,7 @@ class PolicyWorker:
                 temperature=cfg.rollout.temperature,
                 samples_per_prompt=cfg.rollout.n,
                 world_size=self.world_size,
+                compute_dtype=compute,
             )
             if not isinstance(self.rollout, HFRollout):
                 self._push_rollout_weights()  # the engine must generate with the actor's weights
@@ -105,6 +109,7 @@ class PolicyWorker:
                 length_sorted=cfg.actor.length_sorted_micro_batches,
                 max_tokens=ref_max_tokens,
                 head_chunk_tokens=cfg.actor.head_chunk_tokens,
+                compute_dtype=compute,
             )
         if "critic" in roles:
             c = cfg.critic
@@ -117,13 +122,18 @@ class PolicyWorker:
                 mini_batch_prompts=c.ppo_mini_batch_size or cfg.actor.ppo_mini_batch_size,
                 samples_per_prompt=cfg.rollout.n,
                 world_size=self.world_size,
+                compute_dtype=compute,
             )
 
     def _make_rollout(self, model: torch.nn.Module):
         r, m = self.cfg.rollout, self.cfg.model
         if r.name == "hf":
             return HFRollout(
-                model, self.tokenizer, micro_batch_size=r.micro_batch_size, decode_loop=r.decode_loop
+                model,
+                self.tokenizer,
+                micro_batch_size=r.micro_batch_size,
+                decode_loop=r.decode_loop,
+                compute_dtype=self.compute_dtype,
             )
         eos_ids = eos_token_ids(model, self.tokenizer)
         if r.name == "server":
@@ -148,7 +158,7 @@ class PolicyWorker:
                 m.path,
                 self.tokenizer,
                 eos_ids=eos_ids,
-                dtype=m.dtype,
+                dtype=m.compute_dtype or m.dtype,  # vLLM casts float32 master weights to it
                 gpu_memory_utilization=v.gpu_memory_utilization,
                 max_model_len=v.max_model_len or d.max_prompt_length + d.max_response_length,
                 enable_sleep_mode=v.enable_sleep_mode,

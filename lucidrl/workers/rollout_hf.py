@@ -10,6 +10,7 @@ from transformers import GenerationConfig
 
 from lucidrl.algos import logprobs_from_logits
 from lucidrl.batch import Batch
+from lucidrl.models.precision import compute_context
 from lucidrl.workers.decode import sample_group
 
 
@@ -89,11 +90,18 @@ class HFRollout:
     """
 
     def __init__(
-        self, model: torch.nn.Module, tokenizer, *, micro_batch_size: int = 64, decode_loop: str = "lucidrl"
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        micro_batch_size: int = 64,
+        decode_loop: str = "lucidrl",
+        compute_dtype: torch.dtype | None = None,
     ):
         if decode_loop not in ("lucidrl", "transformers"):
             raise ValueError(f"rollout.decode_loop must be 'lucidrl' or 'transformers', got {decode_loop!r}")
         self.decode_loop = decode_loop
+        self.compute_dtype = compute_dtype  # autocast dtype while decoding (model.compute_dtype)
         self.model = model
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
@@ -121,7 +129,8 @@ class HFRollout:
                 if per_prompt:
                     chunk = _strip_left_padding(chunk)
                     torch.manual_seed(params.seed + zlib.crc32(str(chunk["uid"][0]).encode()))
-                resp, lp = self._decode(chunk["prompts"], chunk["prompt_mask"], params)
+                with compute_context(self.model, self.compute_dtype):
+                    resp, lp = self._decode(chunk["prompts"], chunk["prompt_mask"], params)
                 outs.append(resp)
                 logps.append(lp)
         finally:

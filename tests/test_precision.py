@@ -1,0 +1,173 @@
+"""model.compute_dtype=bfloat16: bf16 matrix products in every forward, float32 master weights,
+gradients and optimizer state; the old log-probs then come from the actor's forward, not the rollout."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from helpers import TOY_REWARD
+
+from lucidrl.cli import main
+from lucidrl.config import ConfigError, config_from_dict
+from lucidrl.config.schema import ActorConfig, CriticConfig, OptimConfig, SFTConfig
+from lucidrl.data.dataset import collate, load_prompts
+from lucidrl.models.precision import autocast_dtype, cpu_has_native_bf16
+from lucidrl.workers.actor import ActorWorker, ReferenceWorker
+from lucidrl.workers.critic import CriticWorker, load_value_model
+from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+from tests.test_micro_batches import _rollout_with_varied_lengths
+
+
+class LinearDtypes:
+    """Records the dtype of every nn.Linear output while active."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.seen: set[torch.dtype] = set()
+        self.handles = [
+            m.register_forward_hook(lambda m, a, o: self.seen.add(o.dtype))
+            for m in model.modules()
+            if isinstance(m, torch.nn.Linear)
+        ]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+
+
+def _update_batch(kk_data, tiny_model, tiny_tokenizer):
+    model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
+    ref = ReferenceWorker(copy.deepcopy(model), micro_batch_size=16, temperature=1.0)
+    out.set("old_log_probs", ref.compute_log_prob(out)["ref_log_probs"])
+    torch.manual_seed(1)
+    out.set("advantages", torch.randn(len(out), 1).expand_as(out["response_mask"]) * out["response_mask"])
+    return model, out
+
+
+def test_bf16_compute_runs_the_update_in_bf16_and_keeps_float32_master_weights(
+    kk_data, tiny_model, tiny_tokenizer
+):
+    model, out = _update_batch(kk_data, tiny_model, tiny_tokenizer)
+    cfg = ActorConfig(optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=16)
+    actor = ActorWorker(
+        copy.deepcopy(model).train(), cfg, temperature=1.0, samples_per_prompt=4, compute_dtype=torch.bfloat16
+    )
+    before = {n: p.detach().clone() for n, p in actor.model.named_parameters()}
+    with LinearDtypes(actor.model) as linear:
+        old = actor.compute_log_prob(out)
+        metrics = actor.update(out)
+    assert linear.seen == {torch.bfloat16}  # every matrix product of both passes ran in bf16
+    assert old["old_log_probs"].dtype == torch.float32 and metrics["actor/grad_norm"] > 0
+    for name, p in actor.model.named_parameters():
+        assert p.dtype == torch.float32 and p.grad.dtype == torch.float32, name
+        state = actor.optimizer.state[p]
+        assert state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
+    # the step moved float32 weights by amounts a bf16 weight could not hold (lr 1e-2 x Adam's ~1 step
+    # is far below bf16's spacing for most weights); they did move
+    moved = sum(int((p.detach() != before[n]).sum()) for n, p in actor.model.named_parameters())
+    assert moved > 0
+
+    # the same forward without autocast: all float32, and the log-probs are close, not equal
+    fp32 = ActorWorker(copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4)
+    with LinearDtypes(fp32.model) as linear:
+        exact = fp32.compute_log_prob(out)["old_log_probs"]
+    assert linear.seen == {torch.float32}
+    mask = out["response_mask"].bool()
+    diff = (exact - old["old_log_probs"])[mask].abs()
+    assert 0 < diff.max() < 0.5, diff.max()
+
+
+def test_rollout_reference_and_critic_forwards_follow_the_compute_dtype(kk_data, tiny_model, tiny_tokenizer):
+    model, out = _update_batch(kk_data, tiny_model, tiny_tokenizer)
+    samples, _ = load_prompts([kk_data["train"]], tiny_tokenizer, max_prompt_length=2048)
+    prompts = collate(samples[:2], tiny_tokenizer.pad_token_id)
+    for loop in ("lucidrl", "transformers"):
+        rollout = HFRollout(model, tiny_tokenizer, decode_loop=loop, compute_dtype=torch.bfloat16)
+        with LinearDtypes(model) as linear:
+            got = rollout.generate(prompts, SamplingParams(n=2, max_new_tokens=6))
+        assert linear.seen == {torch.bfloat16}, loop
+        assert got["rollout_log_probs"].dtype == torch.float32 and got["responses"].shape[0] == 4
+    ref = ReferenceWorker(
+        copy.deepcopy(model), micro_batch_size=16, temperature=1.0, compute_dtype=torch.bfloat16
+    )
+    with LinearDtypes(ref.model) as linear:
+        ref.compute_log_prob(out)
+    assert linear.seen == {torch.bfloat16}
+    critic = CriticWorker(
+        load_value_model(str(tiny_model["path"])),
+        CriticConfig(ppo_micro_batch_size=16),
+        mini_batch_prompts=4,
+        samples_per_prompt=4,
+        compute_dtype=torch.bfloat16,
+    )
+    out.set("values", torch.zeros_like(out["response_mask"]))
+    out.set("returns", out["advantages"])
+    with LinearDtypes(critic.model) as linear:
+        values = critic.compute_values(out)["values"]
+        critic.update(out)
+    assert linear.seen == {torch.bfloat16} and values.dtype == torch.float32
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in critic.model.parameters())
+
+
+def test_precision_settings_that_mean_nothing_are_refused():
+    assert autocast_dtype("float32", None) is None and autocast_dtype("float32", "float32") is None
+    assert autocast_dtype("float32", "bfloat16") is torch.bfloat16
+    assert autocast_dtype("bfloat16", "bfloat16") is None  # bf16 weights already compute in bf16
+    with pytest.raises(
+        ConfigError, match=r"compute_dtype=float32 over model.dtype=bfloat16.*model.dtype=float32"
+    ):
+        config_from_dict({"model": {"dtype": "bfloat16", "compute_dtype": "float32"}})
+    with pytest.raises(ConfigError, match=r"'float32' \| 'bfloat16' \| null, got 'float16'"):
+        config_from_dict({"model": {"compute_dtype": "float16"}})
+    with pytest.raises(ConfigError, match=r"bf16_autocast=true .* model.compute_dtype=float32"):
+        config_from_dict({"bf16_autocast": True, "model": {"compute_dtype": "float32"}}, schema=SFTConfig)
+
+
+@pytest.mark.slow
+def test_training_with_bf16_compute_recomputes_old_log_probs(tmp_path, kk_data, tiny_model, capsys):
+    reward = tmp_path / "reward.py"
+    reward.write_text(TOY_REWARD)
+    args = [
+        "train",
+        f"model.path={tiny_model['path']}",
+        f"data.train_files=[{kk_data['train']}]",
+        f"reward.custom_function.path={reward}",
+        f"trainer.run_dir={tmp_path / 'run'}",
+        "model.compute_dtype=bfloat16",
+        "data.max_prompt_length=1024",
+        "data.max_response_length=12",
+        "data.train_batch_size=4",
+        "rollout.n=4",
+        "actor.ppo_mini_batch_size=4",  # on-policy: fp32 compute would reuse the rollout's log-probs
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.save_final_model=false",
+        "data.val_files=[]",
+    ]
+    assert main(args) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "old log-probs are recomputed by the actor" in said
+    assert ("emulated, several times slower" in said) == (cpu_has_native_bf16() is False)
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for r in records:
+        # the actor recomputed the old log-probs: the rollout's bf16 decode differs from them
+        assert "timing_s/old_log_prob" in r and r["rollout/logprob_diff_max"] > 1e-4, r
+        assert r["actor/grad_norm"] > 0
+
+
+def test_native_bf16_is_read_from_the_cpu_flags(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n\nprocessor\t: 1\n")
+    assert cpu_has_native_bf16(str(info)) is False
+    info.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert cpu_has_native_bf16(str(info)) is True
+    info.write_text("flags\t\t: fpu amx_bf16 amx_tile\n")
+    assert cpu_has_native_bf16(str(info)) is True
+    info.write_text("Processor\t: ARMv8\n")  # no flags line: cannot tell
+    assert cpu_has_native_bf16(str(info)) is None
+    assert cpu_has_native_bf16(str(tmp_path / "missing")) is None
