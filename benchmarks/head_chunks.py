@@ -8,6 +8,8 @@ tokens; one micro-batch of all 8. Per variant, in a fresh process each: the old-
 (log-probs and entropy, no gradient) and one GRPO update (entropy as a metric), `--repeats` times.
 Printed: median seconds of each pass and peak RSS growth over the process's RSS before the first
 pass (the same weights and optimizer state in every variant), and the ratios to the whole-batch path.
+"+ compile" variants add actor.use_torch_compile (fused log-prob and entropy kernels), compiled on a
+smaller batch before the measurement.
 
     .venv/bin/python benchmarks/head_chunks.py [--repeats 2] [--only NAME,...]
 """
@@ -27,7 +29,14 @@ from pathlib import Path
 import torch
 
 VOCAB, PROMPTS, N, PROMPT_LEN, RESPONSE_LEN = 151_936, 2, 4, 128, 512
-VARIANTS = {"whole micro-batch": 0, "4096 tokens": 4096, "1024 tokens": 1024, "256 tokens": 256}
+VARIANTS = {  # name: (actor.head_chunk_tokens, actor.use_torch_compile)
+    "whole micro-batch": (0, False),
+    "4096 tokens": (4096, False),
+    "1024 tokens": (1024, False),
+    "256 tokens": (256, False),
+    "whole + compile": (0, True),
+    "256 tokens + compile": (256, True),
+}
 
 
 def rss_mb() -> float:
@@ -57,21 +66,27 @@ def prepare(work: Path) -> None:
     torch.save({"tensors": tensors, "non_tensors": {"uid": uids}}, work / "batch.pt")
 
 
-def worker(work: Path, chunk: int, repeats: int) -> dict:
+def worker(work: Path, name: str, repeats: int) -> dict:
     from lucidrl.batch import Batch
     from lucidrl.config.schema import ActorConfig, OptimConfig
     from lucidrl.models import load_model
     from lucidrl.workers.actor import ActorWorker
 
+    chunk, compiled = VARIANTS[name]
     torch.manual_seed(0)
     saved = torch.load(work / "batch.pt", weights_only=False)
     batch = Batch(tensors=saved["tensors"], non_tensors=saved["non_tensors"])
     rows = PROMPTS * N
     cfg = ActorConfig(
         optim=OptimConfig(lr=1e-5), ppo_mini_batch_size=PROMPTS, ppo_micro_batch_size=rows,
-        log_prob_micro_batch_size=rows, head_chunk_tokens=chunk,
+        log_prob_micro_batch_size=rows, head_chunk_tokens=chunk, use_torch_compile=compiled,
     )  # fmt: skip
     actor = ActorWorker(load_model(str(work / "model")), cfg, temperature=1.0, samples_per_prompt=N)
+    if compiled:  # compile outside the measurement: a small batch of the same shapes' ranks
+        warm = batch.select(list(range(N)))
+        warm.set("old_log_probs", actor.compute_log_prob(warm)["old_log_probs"])
+        actor.update(warm)
+        actor = ActorWorker(load_model(str(work / "model")), cfg, temperature=1.0, samples_per_prompt=N)
     before = rss_mb()
     log_prob_s, update_s, first = [], [], None
     for _ in range(repeats):
@@ -95,7 +110,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--only", default=",".join(VARIANTS))
-    p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker is not None:
@@ -112,7 +127,7 @@ def main() -> None:
                 sys.executable,
                 __file__,
                 "--worker",
-                str(VARIANTS[name]),
+                name,
                 "--work",
                 tmp,
                 "--repeats",

@@ -76,6 +76,12 @@ CASES = {
         "actor.use_kl_loss=true",
         "actor.entropy_coeff=0.001",
     ],
+    "torch_compile": [  # fused, compiled log-prob and entropy in update, old-log-prob and reference passes
+        "actor.use_torch_compile=true",
+        "actor.reuse_rollout_log_probs=false",
+        "actor.use_kl_loss=true",
+        "actor.entropy_coeff=0.001",
+    ],
     "dapo": [
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.max_num_gen_batches=3",

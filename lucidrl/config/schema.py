@@ -129,6 +129,10 @@ class ActorConfig:
     # every actor and reference forward, and the (samples, response length, vocabulary) logits are
     # never formed (chunks checkpointed for the backward). 0: the whole micro-batch at once. One rank only
     head_chunk_tokens: int = 0
+    # log-prob and entropy by torch.compile'd fused kernels (verl's key; lucidrl.algos.fused_logprob):
+    # 8x faster on a 150k vocabulary, nothing gained on tiny ones, seconds of compiling per process;
+    # falls back to eager, with a warning, where compiling fails
+    use_torch_compile: bool = False
     ppo_epochs: int = 1
     policy_loss: str = "vanilla"
     clip_ratio_low: float = 0.2

@@ -30,6 +30,7 @@ def per_token_log_probs(
     length_sorted: bool,
     max_tokens: int | None = None,
     head_chunk_tokens: int = 0,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(bs, R) log-probs (and entropy) of the responses, in micro-batches (length-sorted and trimmed;
     of `micro_batch_size` samples, or of at most `max_tokens` padded tokens when it is set)."""
@@ -38,7 +39,7 @@ def per_token_log_probs(
     for idx, mb in chunks:
         lp, ent = response_log_probs(
             model, mb, temperature=temperature, with_entropy=with_entropy, share_prompt=share_prompt,
-            head_chunk_tokens=head_chunk_tokens,
+            head_chunk_tokens=head_chunk_tokens, compiled=compiled,
         )  # fmt: skip
         lps.append((idx, lp))
         ents.append((idx, ent))
@@ -61,9 +62,11 @@ class ReferenceWorker:
         max_tokens: int | None = None,
         head_chunk_tokens: int = 0,
         compute_dtype: torch.dtype | None = None,
+        compiled: bool = False,
     ):
         self.model = model.eval().requires_grad_(False)
         self.head_chunk_tokens = head_chunk_tokens
+        self.compiled = compiled  # fused torch.compile'd log-probs (actor.use_torch_compile)
         self.compute_dtype = compute_dtype  # autocast dtype (model.compute_dtype); None: the weights'
         if head_chunk_tokens:
             check_chunkable_head(model)
@@ -87,6 +90,7 @@ class ReferenceWorker:
                 self.length_sorted,
                 self.max_tokens,
                 self.head_chunk_tokens,
+                self.compiled,
             )
         return Batch(tensors={"ref_log_probs": lp * batch["response_mask"]})
 
@@ -129,6 +133,7 @@ class ActorWorker:
                     self.model, batch, c.log_prob_micro_batch_size, self.temperature, True,
                     c.share_prompt_forward, c.length_sorted_micro_batches,
                     c.log_prob_max_token_len_per_gpu if c.use_dynamic_bsz else None, c.head_chunk_tokens,
+                    c.use_torch_compile,
                 )  # fmt: skip
         finally:
             self.model.train(was_training)
@@ -147,6 +152,7 @@ class ActorWorker:
                 share_prompt=cfg.share_prompt_forward,
                 entropy_grad=bool(cfg.entropy_coeff),  # otherwise a metric: kept out of autograd
                 head_chunk_tokens=cfg.head_chunk_tokens,
+                compiled=cfg.use_torch_compile,
             )
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=ub["old_log_probs"],

@@ -6,7 +6,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
-from lucidrl.algos import entropy_from_logits, logprobs_from_logits
+from lucidrl.algos.fused_logprob import log_probs_and_entropy
 from lucidrl.batch import Batch
 from lucidrl.workers.decode import _cache_kwarg, last_logits_only
 
@@ -79,6 +79,7 @@ def response_log_probs(
     share_prompt: bool = False,
     entropy_grad: bool = True,
     head_chunk_tokens: int = 0,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(response token) (bs, R) at `temperature`, and the entropy (bs, R) if asked.
 
@@ -92,6 +93,9 @@ def response_log_probs(
     `head_chunk_tokens` > 0: the (bs, R, V) logits are never formed. The LM head, log-prob and entropy
     run on at most that many response tokens at a time (`chunked_head_log_probs`), only on tokens of
     the response mask; positions outside it get log-prob and entropy 0.
+
+    `compiled`: log-prob and entropy by torch.compile'd fused kernels (lucidrl.algos.fused_logprob),
+    eager where compiling fails.
     """
     hidden = head_chunk_tokens > 0
     if hidden:
@@ -111,19 +115,12 @@ def response_log_probs(
         return chunked_head_log_probs(
             model.get_output_embeddings(), states, batch["responses"], batch["response_mask"],
             temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-            chunk_tokens=head_chunk_tokens,
+            chunk_tokens=head_chunk_tokens, compiled=compiled,
         )  # fmt: skip
-    logits = states
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_probs = logprobs_from_logits(logits, batch["responses"])
-    entropy = None
-    if with_entropy and entropy_grad:
-        entropy = entropy_from_logits(logits)
-    elif with_entropy:
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach())
-    return log_probs, entropy
+    return log_probs_and_entropy(
+        states, batch["responses"], temperature=temperature, with_entropy=with_entropy,
+        entropy_grad=entropy_grad, compiled=compiled,
+    )  # fmt: skip
 
 
 # config attributes of models whose logits are more than lm_head(hidden): the chunked path would skip them
@@ -168,6 +165,7 @@ def chunked_head_log_probs(
     with_entropy: bool,
     entropy_grad: bool,
     chunk_tokens: int,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of `labels` (bs, R) under head(hidden) / temperature, `chunk_tokens`
     masked positions at a time, in float32.
@@ -182,16 +180,14 @@ def chunked_head_log_probs(
     grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
 
     def chunk(hc: torch.Tensor, yc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = head(hc).float()  # one chunk in float32 at once (a bf16 head's output too)
-        if temperature != 1.0:
-            logits = logits / temperature
-        lp = logprobs_from_logits(logits, yc)
-        if not with_entropy:
-            return lp, lp.new_zeros(())
-        if entropy_grad:
-            return lp, entropy_from_logits(logits)
-        with torch.no_grad():
-            return lp, entropy_from_logits(logits.detach())
+        logits = head(hc)
+        if not compiled:
+            logits = logits.float()  # one chunk in float32 at once (a bf16 head's output too)
+        lp, ent = log_probs_and_entropy(
+            logits, yc, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
+            compiled=compiled,
+        )  # fmt: skip
+        return lp, ent if ent is not None else lp.new_zeros(())
 
     lps, ents = [], []
     for start in range(0, h.shape[0], chunk_tokens):

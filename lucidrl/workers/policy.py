@@ -83,6 +83,7 @@ class PolicyWorker:
                     max_tokens=ref_max_tokens,
                     head_chunk_tokens=cfg.actor.head_chunk_tokens,
                     compute_dtype=compute,
+                    compiled=cfg.actor.use_torch_compile,
                 )
             # with one rank the hf rollout generates with the actor's own module; with several it gets
             # a full copy (FSDP2 shards the actor in place)
@@ -110,6 +111,7 @@ class PolicyWorker:
                 max_tokens=ref_max_tokens,
                 head_chunk_tokens=cfg.actor.head_chunk_tokens,
                 compute_dtype=compute,
+                compiled=cfg.actor.use_torch_compile,
             )
         if "critic" in roles:
             c = cfg.critic
