@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from processes import peak_rss_mb, rss_mb, run_variant
 
 VOCAB, PROMPTS, N, PROMPT_LEN, RESPONSE_LEN = 151_936, 2, 4, 128, 512
 VARIANTS = {  # name: (actor.head_chunk_tokens, actor.use_torch_compile)
@@ -37,11 +36,6 @@ VARIANTS = {  # name: (actor.head_chunk_tokens, actor.use_torch_compile)
     "whole + compile": (0, True),
     "256 tokens + compile": (256, True),
 }
-
-
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def prepare(work: Path) -> None:
@@ -101,7 +95,7 @@ def worker(work: Path, name: str, repeats: int) -> dict:
     return {
         "log_prob_s": statistics.median(log_prob_s),
         "update_s": statistics.median(update_s),
-        "peak_growth_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before,
+        "peak_growth_mb": peak_rss_mb() - before,
         "first_log_probs": first,
     }
 
@@ -123,20 +117,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         prepare(Path(tmp))
         for name in names:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--worker",
-                name,
-                "--work",
-                tmp,
-                "--repeats",
-                str(args.repeats),
-            ]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if done.returncode:
-                sys.exit(f"variant {name!r} failed:\n{done.stderr[-3000:]}")
-            rows[name] = json.loads(done.stdout.strip().splitlines()[-1])
+            rows[name] = run_variant(__file__, name, tmp, "--repeats", str(args.repeats))
             print(f"  {name}: {rows[name]['log_prob_s']:.2f} s log-prob, {rows[name]['update_s']:.2f} s update, "
                   f"{rows[name]['peak_growth_mb']:.0f} MB", flush=True)  # fmt: skip
     base = rows[names[0]]

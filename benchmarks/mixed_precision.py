@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from processes import peak_rss_mb, rss_mb, run_variant
 
 N_SAMPLES, MAX_NEW = 8, 64
 VARIANTS = {  # name: (model.dtype, model.compute_dtype)
@@ -37,11 +35,6 @@ VARIANTS = {  # name: (model.dtype, model.compute_dtype)
     "bf16 compute, fp32 weights": ("float32", "bfloat16"),
     "bf16 weights": ("bfloat16", None),
 }
-
-
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def _abs_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
@@ -121,7 +114,7 @@ def worker(work: Path, name: str, device: str, repeats: int) -> dict:
         "update_s": statistics.median(update_s),
         "rollout_vs_update": consistency,
         "vs_fp32": _abs_diff(scored, exact, saved["tensors"]["response_mask"]),
-        "peak_growth_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before,
+        "peak_growth_mb": peak_rss_mb() - before,
         "param_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
     }
 
@@ -137,7 +130,6 @@ def main() -> None:
     if args.worker is not None:
         print(json.dumps(worker(Path(args.work), args.worker, args.device, args.repeats)))
         return
-    sys.path.insert(0, str(Path(__file__).parent))
     import step_vs_trl
 
     rows = {}
@@ -146,12 +138,9 @@ def main() -> None:
         prep = step_vs_trl.prepare(Path(tmp))
         (Path(tmp) / "prep.json").write_text(json.dumps({**prep, "prompts": args.prompts}))
         for name in VARIANTS:  # float32 first: the others are compared with its samples and log-probs
-            cmd = [sys.executable, __file__, "--worker", name, "--work", tmp, "--device", args.device,
-                   "--repeats", str(args.repeats)]  # fmt: skip
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if done.returncode:
-                sys.exit(f"variant {name!r} failed:\n{done.stderr[-3000:]}")
-            rows[name] = r = json.loads(done.stdout.strip().splitlines()[-1])
+            rows[name] = r = run_variant(
+                __file__, name, tmp, "--device", args.device, "--repeats", str(args.repeats)
+            )
             print(f"  {name}: decode {r['decode_s']:.1f} s, update {r['update_s']:.1f} s", flush=True)
     print(
         f"\n{args.prompts} prompts x {N_SAMPLES} samples, <= {MAX_NEW} new tokens, Qwen2 "

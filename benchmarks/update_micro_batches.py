@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from processes import peak_rss_mb, rss_mb, run_variant
 
 N_PROMPTS, N_SAMPLES, MAX_NEW = 64, 8, 128
 # name -> (actor overrides); log-prob micro-batches are twice the update's, as in verl's defaults
@@ -47,11 +46,6 @@ VARIANTS = {
         "log_prob_max_token_len_per_gpu": 65536,
     },
 }
-
-
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def make_batch(work: Path) -> None:
@@ -106,7 +100,7 @@ def worker(work: Path, name: str, repeats: int) -> dict:
         t = time.perf_counter()
         actor.update(batch)
         update_s.append(time.perf_counter() - t)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_mb()
     return {
         "micro_batches": len(ubs),
         "max_tokens": max(tokens),
@@ -137,11 +131,7 @@ def main() -> None:
         mean_len = saved["tensors"]["response_mask"].sum(-1).mean().item()
         rows = {}
         for name in names:
-            cmd = [sys.executable, __file__, "--worker", name, "--work", tmp, "--repeats", str(args.repeats)]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if done.returncode:
-                sys.exit(f"variant {name!r} failed:\n{done.stderr[-3000:]}")
-            rows[name] = json.loads(done.stdout.strip().splitlines()[-1])
+            rows[name] = run_variant(__file__, name, tmp, "--repeats", str(args.repeats))
             print(f"  {name}: {rows[name]}", flush=True)
     print(
         f"\nGRPO update of {N_PROMPTS} x {N_SAMPLES} samples (prompt width {prompt_width}, responses 8-{MAX_NEW} "

@@ -17,6 +17,19 @@ def compute_score(data_source, solution_str, ground_truth, extra_info):
 """
 
 
+def toy_train_args(tmp_path, kk_data, tiny_model) -> list[str]:
+    """`lucidrl train` arguments for the tiny model on K&K prompts with TOY_REWARD, run in tmp_path/run."""
+    reward = tmp_path / "reward.py"
+    reward.write_text(TOY_REWARD)
+    return [
+        "train",
+        f"model.path={tiny_model['path']}",
+        f"data.train_files=[{kk_data['train']}]",
+        f"reward.custom_function.path={reward}",
+        f"trainer.run_dir={tmp_path / 'run'}",
+    ]
+
+
 def outcome_rewards(scores: list[float], lengths: list[int], T: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """Token rewards with each score on the last valid token, and the matching response mask."""
     rewards = torch.zeros(len(scores), T)

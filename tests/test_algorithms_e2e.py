@@ -4,7 +4,7 @@ import json
 import math
 
 import pytest
-from helpers import TOY_REWARD
+from helpers import toy_train_args
 
 from lucidrl.cli import main
 
@@ -96,18 +96,7 @@ CASES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model):
-    reward = tmp_path / "reward.py"
-    reward.write_text(TOY_REWARD)
-    args = [
-        "train",
-        f"model.path={tiny_model['path']}",
-        f"data.train_files=[{kk_data['train']}]",
-        f"reward.custom_function.path={reward}",
-        f"trainer.run_dir={tmp_path / 'run'}",
-        *BASE,
-        *CASES[name],
-    ]
-    assert main(args) == 0
+    assert main([*toy_train_args(tmp_path, kk_data, tiny_model), *BASE, *CASES[name]]) == 0
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     for r in records:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import TOY_REWARD
+from helpers import toy_train_args
 
 from lucidrl.cli import main
 from lucidrl.config import ConfigError, config_from_dict
@@ -130,14 +130,8 @@ def test_precision_settings_that_mean_nothing_are_refused():
 
 @pytest.mark.slow
 def test_training_with_bf16_compute_recomputes_old_log_probs(tmp_path, kk_data, tiny_model, capsys):
-    reward = tmp_path / "reward.py"
-    reward.write_text(TOY_REWARD)
     args = [
-        "train",
-        f"model.path={tiny_model['path']}",
-        f"data.train_files=[{kk_data['train']}]",
-        f"reward.custom_function.path={reward}",
-        f"trainer.run_dir={tmp_path / 'run'}",
+        *toy_train_args(tmp_path, kk_data, tiny_model),
         "model.compute_dtype=bfloat16",
         "data.max_prompt_length=1024",
         "data.max_response_length=12",
