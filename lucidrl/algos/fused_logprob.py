@@ -10,7 +10,8 @@ benchmarks/head_chunks.py. Numbers agree to float32 rounding: at that vocabulary
 
 `actor.use_torch_compile=true` (verl's key) selects it. Where compiling fails (no C++ toolchain for
 inductor, an unsupported op) lucidrl warns once, says why, and runs the eager functions: same results,
-slower. A genuine error in the inputs (a label out of range) is raised as the eager code raises it.
+slower. Errors of the inputs stay errors: a token id outside the vocabulary is refused before the
+compiled call (whose gather would abort the process), anything else propagates as raised.
 """
 
 from __future__ import annotations

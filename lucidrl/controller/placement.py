@@ -129,7 +129,6 @@ def plan_groups(cfg: LucidConfig) -> list[GroupPlan]:
                 f"only for now, but the actor is placed on {p.world_size} ({p.where}); set "
                 "actor.head_chunk_tokens=0 or place the actor on one device"
             )
-    for p in plans:
         explicit = getattr(pl, sorted(p.roles)[0]).devices
         if cfg.trainer.backend == "ray" and explicit and any(d.startswith("cuda") for d in explicit):
             raise ConfigError(
