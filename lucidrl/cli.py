@@ -1,4 +1,4 @@
-"""The `lucidrl` command: demo, train, data, model, version."""
+"""The `lucidrl` command: demo, train, sft, data, model, eval, report, serve, doctor, version."""
 
 from __future__ import annotations
 
@@ -150,6 +150,44 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+
+    from lucidrl.diagnostics.doctor import SLOW_CHECKS, format_check, run_doctor
+    from lucidrl.diagnostics.errors import UsageError
+
+    bad = [name for name in args.skip if name not in SLOW_CHECKS]
+    if bad:
+        raise UsageError(
+            f"lucidrl doctor: --skip {' '.join(bad)}: only {', '.join(SLOW_CHECKS)} can be skipped"
+        )
+    config_path, overrides = _split_config_args(args.args)
+    console = Console(highlight=False, soft_wrap=True)
+    report = run_doctor(
+        config_path,
+        overrides,
+        skip=tuple(args.skip),
+        start_ray=args.ray,
+        on_check=lambda check: console.print(format_check(check)),
+    )
+    failed = report.failed
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        console.print(f"wrote {out}")
+    if failed:
+        console.print(f"[bold red]{len(failed)} check(s) failed:[/] {', '.join(c.name for c in failed)}")
+        return 1
+    warned = sum(c.status == "warn" for c in report.checks)
+    console.print(
+        f"all {len(report.checks)} checks passed" + (f" ({warned} with warnings)" if warned else "")
+    )
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from lucidrl.diagnostics.errors import UsageError
     from lucidrl.trainer.demo import DemoPlan, run_demo
@@ -195,6 +233,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="each labelled trace under this many sets of names (default 8; 1: as is)",
     )
     demo.set_defaults(fn=_cmd_demo)
+
+    doctor = sub.add_parser(
+        "doctor", help="check this machine (and a run's config) for what training needs, with fixes"
+    )
+    doctor.add_argument(
+        "args", nargs="*", metavar="CONFIG.yaml key=value", help="optional: a train config, then overrides"
+    )
+    doctor.add_argument(
+        "--skip",
+        nargs="+",
+        default=[],
+        metavar="CHECK",
+        help="leave out slow checks: compile, distributed, ray",
+    )
+    doctor.add_argument(
+        "--ray", action="store_true", help="start a local Ray cluster and a probe worker group"
+    )
+    doctor.add_argument("--json", default=None, metavar="OUT", help="also write the checks as JSON to OUT")
+    doctor.set_defaults(fn=_cmd_doctor)
 
     train = sub.add_parser("train", help="train from a YAML config plus key=value overrides")
     train.add_argument("args", nargs="*", metavar="CONFIG.yaml key=value", help="config file, then overrides")
