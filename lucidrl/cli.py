@@ -1,4 +1,4 @@
-"""The `lucidrl` command: demo, train, sft, data, model, eval, report, serve, doctor, version."""
+"""The `lucidrl` command: demo, train, sft, data, model, eval, export, report, serve, doctor, version."""
 
 from __future__ import annotations
 
@@ -188,6 +188,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from lucidrl.trainer.checkpoint import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out)
+    print(f"wrote a HuggingFace model folder to {out} (the actor of {args.checkpoint})")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from lucidrl.diagnostics.errors import UsageError
     from lucidrl.trainer.demo import DemoPlan, run_demo
@@ -299,6 +307,17 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=int, default=64, help="sequences per generate call (default 64)")
     ev.add_argument("--seed", type=int, default=0)
     ev.set_defaults(fn=_cmd_eval)
+
+    export = sub.add_parser("export", help="a HuggingFace model folder from a training checkpoint's actor")
+    export.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="RUN_DIR/checkpoints/global_step_N, or a run directory (its latest)",
+    )
+    export.add_argument(
+        "out", metavar="OUT", help="folder to write (config.json, model.safetensors, tokenizer)"
+    )
+    export.set_defaults(fn=_cmd_export)
 
     report = sub.add_parser("report", help="plots and an HTML page from a run's metrics.jsonl")
     report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory holding metrics.jsonl")

@@ -90,6 +90,32 @@ def test_ray_two_ranks_match_local(strategy, local_run, tmp_path, kk_data, tiny_
 
 
 @pytest.mark.slow
+def test_fsdp2_on_ray_stopped_and_resumed_matches_the_uninterrupted_local_run(
+    local_run, tmp_path, kk_data, tiny_model
+):
+    """Each rank saves and loads its own shards (weights and AdamW state) through torch.distributed.checkpoint."""
+    ray = (
+        "trainer.backend=ray",
+        "trainer.strategy=fsdp2",
+        "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
+    )
+    _train(
+        tmp_path,
+        kk_data,
+        tiny_model,
+        "resumed",
+        *ray,
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=1",
+    )
+    step1 = tmp_path / "resumed" / "checkpoints" / "global_step_1" / "actor"
+    assert sorted(p.name for p in step1.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    resumed = _train(tmp_path, kk_data, tiny_model, "resumed", *ray, "trainer.save_freq=1")  # on to step 2
+    assert [r["step"] for r in resumed[0]] == [1, 2]
+    _compare(local_run, resumed)
+
+
+@pytest.mark.slow
 def test_two_node_processes_joined_by_ray_address(local_run, tmp_path, kk_data, tiny_model):
     """A head and a second node process on loopback (Ray's own multi-node test harness), one rank on each."""
     os.environ["RAY_AUTH_MODE"] = "disabled"

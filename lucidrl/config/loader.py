@@ -313,8 +313,31 @@ def _validate_collapse(c: Any) -> None:
         )
 
 
+def _validate_checkpointing(t: Any) -> None:
+    """trainer.save_freq, resume_mode, resume_from_path and max_ckpt_to_keep say one thing together."""
+    if t.save_freq < 0:
+        raise ConfigError(f"trainer.save_freq={t.save_freq} must be >= 0 (0: no checkpoints)")
+    if t.max_ckpt_to_keep is not None and t.max_ckpt_to_keep < 1:
+        raise ConfigError(f"trainer.max_ckpt_to_keep={t.max_ckpt_to_keep} must be >= 1, or null to keep all")
+    if t.resume_mode == "resume_path" and not t.resume_from_path:
+        raise ConfigError(
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path (a checkpoint folder or run directory)"
+        )
+    if t.resume_from_path and t.resume_mode != "resume_path":
+        raise ConfigError(
+            f"trainer.resume_from_path={t.resume_from_path!r} is only read with trainer.resume_mode=resume_path "
+            f"(it is {t.resume_mode!r}); set both, or drop resume_from_path"
+        )
+    if t.overwrite and t.resume_mode == "resume_path":
+        raise ConfigError(
+            "trainer.overwrite=true empties the run directory, trainer.resume_mode=resume_path continues a run: "
+            "choose one"
+        )
+
+
 def _validate_rl(cfg: LucidConfig) -> None:
     """Batch arithmetic, ranges and names that must exist in a registry."""
+    _validate_checkpointing(cfg.trainer)
     _positive(
         cfg,
         "data.train_batch_size",

@@ -246,6 +246,13 @@ class TrainerConfig:
     val_before_train: bool = True
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     save_final_model: bool = True
+    # checkpoints (verl's keys): full training state every N steps in RUN_DIR/checkpoints (0: none)
+    save_freq: int = 0
+    # auto: resume from RUN_DIR's latest checkpoint when it has one; disable: never; resume_path:
+    # from trainer.resume_from_path (a checkpoint folder, or a run directory's latest)
+    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    resume_from_path: str | None = None
+    max_ckpt_to_keep: int | None = None  # delete all but the newest N checkpoints; None: keep all
     seed: int = 0
     device: str = "cpu"  # "cpu" or "cuda"; with backend=ray each rank gets its own device
     num_threads: int | None = None  # torch intra-op threads; None: torch's default

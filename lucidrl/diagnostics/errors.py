@@ -18,6 +18,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from lucidrl.trainer.setup import RunDirError
     from lucidrl.workers.actor import NonFiniteLossError
     from lucidrl.workers.rollout_server import RolloutServerError
+    from lucidrl.workers.train_state import CheckpointError
 
     return (
         UsageError,
@@ -32,6 +33,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         RunDirError,
         NonFiniteLossError,
         RolloutServerError,
+        CheckpointError,
     )
 
 

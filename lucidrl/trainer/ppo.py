@@ -11,11 +11,11 @@ import torch
 
 from lucidrl.algos import apply_kl_penalty, get_advantage_estimator, make_kl_controller
 from lucidrl.batch import Batch
-from lucidrl.config import LucidConfig
+from lucidrl.config import LucidConfig, to_dict
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
 from lucidrl.models.precision import autocast_dtype, cpu_has_native_bf16
-from lucidrl.trainer import setup
+from lucidrl.trainer import checkpoint, setup
 from lucidrl.trainer.collapse import CollapseMonitor, CollapseReport
 from lucidrl.trainer.collect import BatchCollector
 from lucidrl.trainer.metrics import step_metrics, timer, timing_metrics
@@ -72,7 +72,11 @@ class PPOTrainer:
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         setup.seed_everything(cfg.trainer.seed)
-        self.run_dir = setup.prepare_run_dir(cfg)
+        self.run_dir = setup.run_dir_of(cfg)
+        resume = checkpoint.resume_point(cfg, self.run_dir)
+        setup.prepare_run_dir(
+            cfg, keep=resume is not None and self.run_dir.resolve() in resume.resolve().parents
+        )
         self.workers = setup.build_workers(cfg)
         tok = self.workers.tokenizer
         self.train_samples, self.val_samples, self.filter_report = setup.load_data(cfg, tok)
@@ -107,11 +111,16 @@ class PPOTrainer:
             and not self.mixed_precision
         )
         self.global_step = 0
+        self.batches_drawn = 0  # batches taken from the loader's epochs so far (a resume skips them)
         self.monitor = CollapseMonitor(cfg.trainer.collapse)
         self.collapse: CollapseReport | None = None
         self.healthy_step = 0  # the step whose weights the last snapshot holds (keep_last_healthy)
         self.last_val: dict[str, float] = {}
         self.first_val: dict[str, float] = {}
+        self.resumed_from: Path | None = None
+        self.resume_changes: dict[str, tuple] = {}
+        if resume is not None:
+            self.resume(resume)
 
     def announce(self) -> None:
         """Say what this run will do, including anything the data loading dropped."""
@@ -136,6 +145,13 @@ class PPOTrainer:
                 "bfloat16 compute over float32 weights: old log-probs are recomputed by the actor, not taken "
                 "from the rollout (rollout/logprob_diff_max shows how far the two are apart)"
             )
+        if self.resumed_from is not None:
+            lines.append(
+                f"resumed from {self.resumed_from} after step {self.global_step} ({self.batches_drawn} batches "
+                "into the data): weights, optimizer, LR schedule, KL coefficient and RNG restored; the collapse "
+                "monitor starts its windows afresh"
+                + (f"; changed since: {_changes(self.resume_changes)}" if self.resume_changes else "")
+            )
         if self.loader.dropped_per_epoch:
             lines.append(
                 f"{self.loader.dropped_per_epoch} prompts per epoch do not fill a batch of "
@@ -145,9 +161,13 @@ class PPOTrainer:
             self.tracker.console.print(f"[dim]lucidrl:[/dim] {line}")
 
     def _batches(self):
-        epoch = 0
+        position, epoch = 0, 0
         while True:
-            yield from self.loader.epoch(epoch)
+            for batch in self.loader.epoch(epoch):
+                position += 1
+                if position > self.batches_drawn:  # after a resume, the batches before are skipped
+                    self.batches_drawn = position
+                    yield batch
             epoch += 1
 
     def step(self) -> dict[str, float]:
@@ -207,12 +227,12 @@ class PPOTrainer:
     def fit(self) -> Path:
         """Train for the configured steps (or time); stop on a detected collapse. Returns the run directory."""
         cfg = self.cfg.trainer
-        if cfg.val_before_train:
+        if cfg.val_before_train and self.resumed_from is None:
             self.tracker.log(self.validate(), step=0)
         if cfg.collapse.keep_last_healthy:
             self.workers.actor.snapshot_actor()  # the starting weights, until a healthy step replaces them
         start = time.perf_counter()
-        for _ in range(self.total_steps):
+        while self.global_step < self.total_steps:
             self.global_step += 1
             metrics = self.step()
             collapse = self.monitor.update(self.global_step, metrics)
@@ -235,6 +255,8 @@ class PPOTrainer:
             if (cfg.test_freq and self.global_step % cfg.test_freq == 0) or last:
                 metrics.update(self.validate())
             self.tracker.log(metrics, step=self.global_step)
+            if cfg.save_freq and (self.global_step % cfg.save_freq == 0 or last):
+                self.save_checkpoint()
             if out_of_time:
                 self.tracker.console.print(
                     f"[dim]lucidrl:[/dim] stopped at step {self.global_step}: trainer.max_time_s={cfg.max_time_s} reached"
@@ -253,6 +275,41 @@ class PPOTrainer:
         self.tracker.console.print(f"[bold red]lucidrl: {report.message()}[/bold red]; {then}")
         (self.run_dir / "COLLAPSE.txt").write_text(report.message() + "\n")
 
+    def save_checkpoint(self) -> Path:
+        """Every group's training state plus the trainer's, under a temporary name renamed when complete."""
+        tmp = checkpoint.begin(self.run_dir, self.global_step)
+        for group in self.workers.groups:
+            group.save_checkpoint(str(tmp))
+        state = {
+            "global_step": self.global_step,
+            "batches_drawn": self.batches_drawn,
+            "generation_rounds": self.collector.rounds,
+            "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
+            "world_sizes": {g.role: g.world_size for g in self.workers.groups},
+        }
+        checkpoint.write_trainer_state(tmp, state, to_dict(self.cfg))
+        return checkpoint.commit(tmp, self.cfg.trainer.max_ckpt_to_keep)
+
+    def resume(self, path: Path) -> None:
+        """Continue from a checkpoint: the groups' training state, then the trainer's own counters."""
+        state, saved = checkpoint.read_trainer_state(path)
+        changes = checkpoint.config_changes(saved, to_dict(self.cfg))
+        checkpoint.refuse_frozen_changes(changes, path)
+        for group in self.workers.groups:
+            group.load_checkpoint(str(path))
+        self.global_step = state["global_step"]
+        self.batches_drawn = state["batches_drawn"]
+        self.collector.rounds = state["generation_rounds"]
+        if self.kl_ctrl is not None and state["kl_coef"] is not None:
+            self.kl_ctrl.value = state["kl_coef"]
+        self.resumed_from = path
+        self.resume_changes = {k: v for k, v in changes.items() if k not in checkpoint.RESUME_KEYS}
+        checkpoint.drop_metrics_after(self.run_dir, self.global_step)
+
     def save_model(self, path: Path) -> None:
         """A HuggingFace model folder (safetensors + tokenizer) loadable by from_pretrained."""
         self.workers.actor.save_model(str(path))
+
+
+def _changes(changes: dict[str, tuple]) -> str:
+    return ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items())

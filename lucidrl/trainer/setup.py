@@ -46,14 +46,22 @@ class Workers:
             g.shutdown()
 
 
-def prepare_run_dir(cfg: LucidConfig) -> Path:
-    """runs/<experiment_name> (or trainer.run_dir), refusing to mix two runs' metrics in one folder."""
-    run_dir = Path(cfg.trainer.run_dir or Path("runs") / cfg.trainer.experiment_name)
+def run_dir_of(cfg: LucidConfig) -> Path:
+    """runs/<experiment_name>, or trainer.run_dir."""
+    return Path(cfg.trainer.run_dir or Path("runs") / cfg.trainer.experiment_name)
+
+
+def prepare_run_dir(cfg: LucidConfig, keep: bool = False) -> Path:
+    """The run directory, refusing to mix two runs' metrics in one folder; `keep`: the run resumes there."""
+    run_dir = run_dir_of(cfg)
+    if keep:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        return run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
         if not cfg.trainer.overwrite:
             raise RunDirError(
-                f"run directory '{run_dir}' already holds a run; set trainer.experiment_name or trainer.run_dir "
-                f"to a new place, or trainer.overwrite=true to replace it"
+                f"run directory '{run_dir}' already holds a run (with no checkpoint to resume from); set "
+                "trainer.experiment_name or trainer.run_dir to a new place, or trainer.overwrite=true to replace it"
             )
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import sys
+from pathlib import Path
 
 import torch
 
@@ -37,6 +38,7 @@ from lucidrl.models.saving import save_hf_folder
 from lucidrl.workers.actor import ActorWorker, ReferenceWorker
 from lucidrl.workers.critic import CriticWorker, load_value_model
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams, eos_token_ids
+from lucidrl.workers.train_state import load_train_state, save_train_state
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +241,34 @@ class PolicyWorker:
             raise RuntimeError(f"rank {self.rank}: restore_actor called before any snapshot_actor")
         self._need("actor", self.actor).model.load_state_dict(snapshot)
         return self.sync_rollout()
+
+    @dispatch(Dispatch.ALL)
+    def save_checkpoint(self, path: str) -> list[str]:
+        """Every rank writes its share of the actor's and critic's training state under `path`."""
+        saved = []
+        for role, worker in (("actor", self.actor), ("critic", self.critic)):
+            if worker is not None:
+                extra = {"nonfinite_skipped": getattr(worker, "nonfinite_skipped", 0)}
+                save_train_state(worker.model, worker.optimizer, worker.scheduler, Path(path) / role, extra)
+                saved.append(role)
+        return saved
+
+    @dispatch(Dispatch.ALL)
+    def load_checkpoint(self, path: str) -> list[str]:
+        """Put a checkpoint's training state back (each rank its shards), then refresh the rollout engine."""
+        loaded = []
+        for role, worker in (("actor", self.actor), ("critic", self.critic)):
+            if worker is not None:
+                extra = {"nonfinite_skipped": 0}
+                extra = load_train_state(
+                    worker.model, worker.optimizer, worker.scheduler, Path(path) / role, extra
+                )
+                if hasattr(worker, "nonfinite_skipped"):
+                    worker.nonfinite_skipped = int(extra["nonfinite_skipped"])
+                loaded.append(role)
+        if self.actor is not None:
+            self.sync_rollout()
+        return loaded
 
     @dispatch(Dispatch.ALL)
     def save_model(self, path: str) -> str:

@@ -1,0 +1,168 @@
+"""Checkpoints: a run stopped and resumed ends where an uninterrupted run ends; saves are atomic; export."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import TOY_REWARD
+from safetensors.torch import load_file
+
+from lucidrl.cli import main
+from lucidrl.config import ConfigError, load_config
+from lucidrl.trainer import checkpoint
+from lucidrl.trainer.ppo import PPOTrainer
+from lucidrl.workers.train_state import CheckpointError
+
+
+def _args(tmp_path, kk_data, tiny_model, run: str, *extra: str) -> list[str]:
+    reward = tmp_path / "reward.py"
+    reward.write_text(TOY_REWARD)
+    return [
+        f"model.path={tiny_model['path']}",
+        f"data.train_files=[{kk_data['train']}]",
+        "data.val_files=[]",
+        "data.max_prompt_length=512",
+        "data.max_response_length=8",
+        "data.train_batch_size=4",
+        "rollout.n=4",
+        "actor.ppo_mini_batch_size=2",  # two optimizer steps per RL step
+        "actor.ppo_micro_batch_size=8",
+        "actor.optim.lr=1e-3",
+        "actor.optim.warmup_steps=5",  # the LR schedule is part of the state
+        # a critic and an adaptive KL coefficient: more state that a resume has to bring back
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.kl_ctrl.kl_coef=0.05",
+        "critic.optim.lr=1e-3",
+        "trainer.val_before_train=false",
+        "trainer.logger=[jsonl]",
+        f"trainer.run_dir={tmp_path / run}",
+        f"reward.custom_function.path={reward}",
+        *extra,
+    ]
+
+
+def _train(tmp_path, kk_data, tiny_model, run, *extra) -> PPOTrainer:
+    trainer = PPOTrainer(load_config(None, _args(tmp_path, kk_data, tiny_model, run, *extra)))
+    trainer.announce()
+    trainer.fit()
+    return trainer
+
+
+def _steps(run_dir) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_stopped_and_resumed_run_ends_where_an_uninterrupted_one_does(
+    tmp_path, kk_data, tiny_model, capsys
+):
+    straight = _train(tmp_path, kk_data, tiny_model, "straight", "trainer.total_training_steps=4")
+    # the same run, stopped after 2 steps (checkpoint every 2) and started again with the full length
+    _train(tmp_path, kk_data, tiny_model, "resumed", "trainer.total_training_steps=2", "trainer.save_freq=2")
+    resumed = _train(
+        tmp_path, kk_data, tiny_model, "resumed", "trainer.total_training_steps=4", "trainer.save_freq=2"
+    )
+    assert resumed.resumed_from == tmp_path / "resumed" / "checkpoints" / "global_step_2"
+    assert resumed.resume_changes == {"trainer.total_training_steps": (2, 4)}
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "after step 2 (2 batches into the data)" in out
+
+    a = load_file(straight.run_dir / "final" / "model.safetensors")
+    b = load_file(resumed.run_dir / "final" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a), max((a[k] - b[k]).abs().max().item() for k in a)
+    ra = [json.loads(x) for x in (straight.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rb = [json.loads(x) for x in (resumed.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rb] == [1, 2, 3, 4]
+    for x, y in zip(ra, rb, strict=True):
+        for key in (
+            "actor/pg_loss",
+            "actor/grad_norm",
+            "critic/vf_loss",
+            "actor/reward_kl_penalty_coeff",
+            "actor/lr",
+        ):
+            assert x[key] == y[key], (x["step"], key, x[key], y[key])
+
+
+def test_saves_are_atomic_pruned_and_the_latest_is_resumed(tmp_path, kk_data, tiny_model):
+    run = tmp_path / "run"
+    _train(
+        tmp_path,
+        kk_data,
+        tiny_model,
+        "run",
+        "trainer.total_training_steps=3",
+        "trainer.save_freq=1",
+        "trainer.max_ckpt_to_keep=2",
+        "trainer.save_final_model=false",
+    )
+    root = run / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_2", "global_step_3", "latest"]
+    assert (root / "latest").read_text().strip() == "global_step_3"
+    step3 = root / "global_step_3"
+    assert json.loads((step3 / "trainer_state.json").read_text())["global_step"] == 3
+    assert (step3 / "actor" / ".metadata").is_file() and (step3 / "critic" / ".metadata").is_file()
+    # a save killed half-way leaves a .tmp folder: the resume ignores it, the next save replaces it
+    (root / "global_step_4.tmp" / "actor").mkdir(parents=True)
+    cfg = load_config(None, _args(tmp_path, kk_data, tiny_model, "run"))
+    assert checkpoint.resume_point(cfg, run) == step3
+    fresh = checkpoint.begin(run, 4)
+    assert fresh.is_dir() and not any(fresh.iterdir())
+    # a latest that names a missing folder is an error, not a silent fresh start
+    (root / "latest").write_text("global_step_9\n")
+    with pytest.raises(CheckpointError, match="names 'global_step_9', which is not a complete checkpoint"):
+        checkpoint.resume_point(cfg, run)
+    # resume_mode=disable does not look; with overwrite the run starts over
+    no = load_config(None, _args(tmp_path, kk_data, tiny_model, "run", "trainer.resume_mode=disable"))
+    assert checkpoint.resume_point(no, run) is None
+
+
+def test_resume_refuses_a_changed_key_that_the_saved_state_depends_on(tmp_path, kk_data, tiny_model):
+    _train(tmp_path, kk_data, tiny_model, "run", "trainer.total_training_steps=1", "trainer.save_freq=1")
+    with pytest.raises(CheckpointError, match=r"data.train_batch_size: 4 in the checkpoint, 8 now"):
+        PPOTrainer(load_config(None, _args(tmp_path, kk_data, tiny_model, "run", "data.train_batch_size=8")))
+    # a run directory that holds a run but no checkpoint is still refused
+    _train(tmp_path, kk_data, tiny_model, "plain", "trainer.total_training_steps=1")
+    with pytest.raises(ValueError, match="already holds a run \\(with no checkpoint to resume from\\)"):
+        PPOTrainer(load_config(None, _args(tmp_path, kk_data, tiny_model, "plain")))
+
+
+def test_export_writes_the_checkpoint_actor_as_a_huggingface_folder(tmp_path, kk_data, tiny_model, capsys):
+    from transformers import AutoModelForCausalLM
+
+    trainer = _train(
+        tmp_path, kk_data, tiny_model, "run", "trainer.total_training_steps=1", "trainer.save_freq=1"
+    )
+    out = tmp_path / "exported"
+    assert main(["export", str(trainer.run_dir), str(out)]) == 0  # a run directory means its latest
+    assert f"wrote a HuggingFace model folder to {out}" in capsys.readouterr().out
+    final = load_file(trainer.run_dir / "final" / "model.safetensors")
+    exported = load_file(out / "model.safetensors")
+    start = load_file(f"{tiny_model['path']}/model.safetensors")
+    assert sorted(final) == sorted(exported)
+    assert all(torch.equal(final[k], exported[k]) for k in final)
+    assert any(not torch.equal(final[k], start[k]) for k in final)  # it is the trained actor
+    AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
+    assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
+    assert "CHECKPOINT=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.save_freq=-1"], "trainer.save_freq=-1 must be >= 0"),
+        (["trainer.max_ckpt_to_keep=0"], "trainer.max_ckpt_to_keep=0 must be >= 1"),
+        (["trainer.resume_mode=resume_path"], "needs trainer.resume_from_path"),
+        (["trainer.resume_from_path=/x"], "only read with trainer.resume_mode=resume_path"),
+        (
+            ["trainer.resume_mode=resume_path", "trainer.resume_from_path=/x", "trainer.overwrite=true"],
+            "choose one",
+        ),
+    ],
+)
+def test_checkpoint_keys_that_contradict_each_other_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["model.path=/m", "data.train_files=[/t]", *overrides])
