@@ -166,3 +166,26 @@ def test_export_writes_the_checkpoint_actor_as_a_huggingface_folder(tmp_path, kk
 def test_checkpoint_keys_that_contradict_each_other_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["model.path=/m", "data.train_files=[/t]", *overrides])
+
+
+def test_doctor_says_whether_a_run_resumes_and_what_training_would_refuse(tmp_path, kk_data, tiny_model):
+    from lucidrl.diagnostics import doctor
+
+    def run_dir_check(*extra):
+        cfg = load_config(None, _args(tmp_path, kk_data, tiny_model, "run", *extra))
+        return doctor._run("run dir", lambda: doctor.check_run_dir(cfg))[0]
+
+    assert run_dir_check().detail.endswith("run: a new run")
+    _train(tmp_path, kk_data, tiny_model, "run", "trainer.total_training_steps=1", "trainer.save_freq=1")
+    check = run_dir_check("actor.optim.lr=0.01")
+    assert check.status == "ok" and "resumes from" in check.detail and "after step 1" in check.detail
+    assert "changed since: actor.optim.lr" in check.detail
+    check = run_dir_check("data.train_batch_size=8")
+    assert check.status == "fail" and "data.train_batch_size: 4 in the checkpoint, 8 now" in check.detail
+    check = run_dir_check("trainer.resume_mode=disable")
+    assert (
+        check.status == "fail"
+        and "trainer.resume_mode=disable does not continue from its checkpoints" in (check.detail)
+    )
+    check = run_dir_check("trainer.resume_mode=disable", "trainer.overwrite=true")
+    assert check.status == "warn" and "will delete" in check.detail

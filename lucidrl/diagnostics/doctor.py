@@ -5,7 +5,7 @@ CUDA (driver library, devices, NCCL), /dev/shm, torch.compile (a real compile in
 gloo (and NCCL) across two processes on a free port, Ray, and vLLM's torch pin. Given a `lucidrl train`
 config it also checks that config: it loads and validates, its placement fits the devices here, the
 tokenizer loads with a pad token, every model folder's weights match its architecture (read from the
-safetensors headers, nothing loaded), a rollout server (rollout.name=server) answers and takes
+safetensors headers, nothing loaded), the run directory (a new run, a resume, or a refusal), a rollout server (rollout.name=server) answers and takes
 weights, the data files have the schema, and every data_source in them has a reward function that
 runs and returns a valid score.
 
@@ -568,6 +568,29 @@ def check_rollout_server(cfg: Any, tokenizer: Any) -> Check:
     )
 
 
+def check_run_dir(cfg: Any) -> Check:
+    """Where the run goes, and whether it resumes: the refusals `lucidrl train` would give, given now."""
+    from lucidrl.config import to_dict
+    from lucidrl.trainer import checkpoint
+    from lucidrl.trainer.setup import refuse_occupied, run_dir_of
+
+    run_dir = run_dir_of(cfg)
+    resume = checkpoint.resume_point(cfg, run_dir)  # CheckpointError for a broken `latest`
+    if resume is not None:
+        state, saved = checkpoint.read_state_and_config(resume)
+        changes = checkpoint.config_changes(saved, to_dict(cfg))
+        checkpoint.refuse_frozen_changes(changes, resume)
+        changed = [k for k in changes if k not in checkpoint.RESUME_KEYS]
+        more = f"; changed since: {', '.join(changed)}" if changed else ""
+        return Check(
+            "run dir", "ok", f"{run_dir}: resumes from {resume} after step {state['global_step']}{more}"
+        )
+    refuse_occupied(cfg, run_dir)  # RunDirError, as `lucidrl train` would raise it
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        return Check("run dir", "warn", f"{run_dir} holds a run that trainer.overwrite=true will delete")
+    return Check("run dir", "ok", f"{run_dir}: a new run")
+
+
 def check_data(cfg: Any, tokenizer: Any) -> tuple[Check, list]:
     from lucidrl.data.dataset import load_prompts
 
@@ -682,6 +705,7 @@ def run_doctor(
 def _config_checks(cfg: Any, needs: Needs, words: str, add: Callable[[str, Callable[[], Any]], Any]) -> None:
     """Placement, tokenizer, models, data, rewards: each later check needs what the earlier ones loaded."""
     add("placement", lambda: check_placement(needs, words))
+    add("run dir", lambda: check_run_dir(cfg))
     tokenizer = add("tokenizer", lambda: check_tokenizer(cfg))
     paths = [(cfg.model.path, "model.path")]
     if cfg.algorithm.adv_estimator == "gae" and cfg.critic.model_path not in (None, cfg.model.path):

@@ -137,10 +137,14 @@ def write_trainer_state(path: Path, state: dict[str, Any], config: dict[str, Any
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, path / "rng.pt")
 
 
+def read_state_and_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(trainer state, saved config) of a checkpoint."""
+    return json.loads((path / STATE).read_text()), yaml.safe_load((path / "config.yaml").read_text())
+
+
 def read_trainer_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(trainer state, saved config) of a checkpoint; restores the RNG states of this process."""
-    state = json.loads((path / STATE).read_text())
-    config = yaml.safe_load((path / "config.yaml").read_text())
+    state, config = read_state_and_config(path)
     rng = torch.load(path / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])

@@ -51,19 +51,30 @@ def run_dir_of(cfg: LucidConfig) -> Path:
     return Path(cfg.trainer.run_dir or Path("runs") / cfg.trainer.experiment_name)
 
 
+def refuse_occupied(cfg: LucidConfig, run_dir: Path) -> None:
+    """RunDirError if `run_dir` holds a run that this one would overwrite without trainer.overwrite=true."""
+    if cfg.trainer.overwrite or not (run_dir.exists() and any(run_dir.iterdir())):
+        return
+    checkpointed = (run_dir / "checkpoints" / "latest").is_file()
+    why = (
+        f"and trainer.resume_mode={cfg.trainer.resume_mode} does not continue from its checkpoints"
+        if checkpointed
+        else "with no checkpoint to resume from"
+    )
+    raise RunDirError(
+        f"run directory '{run_dir}' already holds a run ({why}); set trainer.experiment_name or trainer.run_dir "
+        "to a new place, trainer.overwrite=true to replace it"
+        + (", or trainer.resume_mode=auto to continue it" if checkpointed else "")
+    )
+
+
 def prepare_run_dir(cfg: LucidConfig, keep: bool = False) -> Path:
     """The run directory, refusing to mix two runs' metrics in one folder; `keep`: the run resumes there."""
     run_dir = run_dir_of(cfg)
-    if keep:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        return run_dir
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not cfg.trainer.overwrite:
-            raise RunDirError(
-                f"run directory '{run_dir}' already holds a run (with no checkpoint to resume from); set "
-                "trainer.experiment_name or trainer.run_dir to a new place, or trainer.overwrite=true to replace it"
-            )
-        shutil.rmtree(run_dir)
+    if not keep:
+        refuse_occupied(cfg, run_dir)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     return run_dir
