@@ -158,7 +158,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from lucidrl.diagnostics.doctor import SLOW_CHECKS, format_check, run_doctor
     from lucidrl.diagnostics.errors import UsageError
 
-    bad = [name for name in args.skip if name not in SLOW_CHECKS]
+    skip = [name for item in args.skip for name in item.split(",") if name]
+    bad = [name for name in skip if name not in SLOW_CHECKS]
     if bad:
         raise UsageError(
             f"lucidrl doctor: --skip {' '.join(bad)}: only {', '.join(SLOW_CHECKS)} can be skipped"
@@ -168,7 +169,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     report = run_doctor(
         config_path,
         overrides,
-        skip=tuple(args.skip),
+        skip=tuple(skip),
         start_ray=args.ray,
         on_check=lambda check: console.print(format_check(check)),
     )
@@ -191,7 +192,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from lucidrl.trainer.checkpoint import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out)
+    out = export_checkpoint(args.checkpoint, args.out, model_path=args.model_path, overwrite=args.overwrite)
     print(f"wrote a HuggingFace model folder to {out} (the actor of {args.checkpoint})")
     return 0
 
@@ -250,10 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument(
         "--skip",
-        nargs="+",
+        action="append",
         default=[],
         metavar="CHECK",
-        help="leave out slow checks: compile, distributed, ray",
+        help="leave out a slow check: compile, distributed or ray (repeat it, or give a comma list)",
     )
     doctor.add_argument(
         "--ray", action="store_true", help="start a local Ray cluster and a probe worker group"
@@ -317,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "out", metavar="OUT", help="folder to write (config.json, model.safetensors, tokenizer)"
     )
+    export.add_argument(
+        "--model-path", default=None, help="the base model folder, if the run's model.path no longer resolves"
+    )
+    export.add_argument("--overwrite", action="store_true", help="replace OUT if it is a model folder")
     export.set_defaults(fn=_cmd_export)
 
     report = sub.add_parser("report", help="plots and an HTML page from a run's metrics.jsonl")

@@ -87,6 +87,75 @@ def test_a_stopped_and_resumed_run_ends_where_an_uninterrupted_one_does(
             assert x[key] == y[key], (x["step"], key, x[key], y[key])
 
 
+def test_saving_during_the_critic_warm_up_changes_nothing_and_resumes_exactly(tmp_path, kk_data, tiny_model):
+    """The actor's AdamW has no state before its first update: saving must not create one."""
+    warm = ("critic.warmup_steps=1", "trainer.total_training_steps=2")
+    straight = _train(tmp_path, kk_data, tiny_model, "straight", *warm)
+    saving = _train(tmp_path, kk_data, tiny_model, "saving", *warm, "trainer.save_freq=1")
+    _train(
+        tmp_path,
+        kk_data,
+        tiny_model,
+        "resumed",
+        *warm[:1],
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=1",
+    )
+    resumed = _train(tmp_path, kk_data, tiny_model, "resumed", *warm, "trainer.save_freq=1")
+    a = load_file(straight.run_dir / "final" / "model.safetensors")
+    for other in (saving, resumed):
+        b = load_file(other.run_dir / "final" / "model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a), (
+            other.run_dir,
+            max((a[k] - b[k]).abs().max() for k in a),
+        )
+
+
+def test_pruning_keeps_the_new_checkpoint_and_drops_an_abandoned_continuation(tmp_path):
+    root = checkpoint.checkpoints_dir(tmp_path)
+    for step in (2, 4, 6, 8):
+        (root / f"global_step_{step}").mkdir(parents=True)
+        (root / f"global_step_{step}" / "trainer_state.json").write_text("{}")
+    # resumed from step 2 and saving step 4 again: steps 6 and 8 belong to the run that was abandoned
+    tmp = checkpoint.begin(tmp_path, 4)
+    (tmp / "trainer_state.json").write_text("{}")
+    checkpoint.commit(tmp, keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_2", "global_step_4", "latest"]
+    assert checkpoint.latest_checkpoint(tmp_path) == root / "global_step_4"
+
+
+def test_a_torn_metrics_line_is_dropped_with_a_warning(tmp_path, caplog):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 4, "actor/pg')
+    assert checkpoint.drop_metrics_after(tmp_path, 2) == 1
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+    assert "dropped 1 unreadable line(s)" in caplog.text
+
+
+def test_no_checkpoint_is_saved_at_a_collapsed_step(tmp_path, kk_data, tiny_model, monkeypatch, capsys):
+    from lucidrl.trainer.collapse import CollapseReport
+
+    trainer = PPOTrainer(
+        load_config(
+            None,
+            _args(
+                tmp_path, kk_data, tiny_model, "run", "trainer.total_training_steps=3", "trainer.save_freq=1"
+            ),
+        )
+    )
+    real = trainer.monitor.update
+    monkeypatch.setattr(
+        trainer.monitor,
+        "update",
+        lambda step, metrics: (
+            CollapseReport(step, step, ["forced by the test"]) if step == 2 else real(step, metrics)
+        ),
+    )
+    trainer.fit()
+    root = checkpoint.checkpoints_dir(trainer.run_dir)
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_1", "latest"]
+    assert "no checkpoint at step 2, which collapsed" in capsys.readouterr().out
+
+
 def test_saves_are_atomic_pruned_and_the_latest_is_resumed(tmp_path, kk_data, tiny_model):
     run = tmp_path / "run"
     _train(
@@ -148,6 +217,24 @@ def test_export_writes_the_checkpoint_actor_as_a_huggingface_folder(tmp_path, kk
     AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
     assert "CHECKPOINT=" in capsys.readouterr().err
+    # OUT is never a folder export would have to delete to write
+    assert main(["export", str(trainer.run_dir), str(out)]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert main(["export", str(trainer.run_dir), str(trainer.run_dir), "--overwrite"]) == 2
+    assert "is not a HuggingFace model folder" in capsys.readouterr().err
+    assert (trainer.run_dir / "checkpoints" / "latest").is_file()
+    assert main(["export", str(trainer.run_dir), str(out), "--overwrite"]) == 0
+    # a run whose model.path no longer resolves (relative, moved): --model-path gives the architecture
+    state = trainer.run_dir / "checkpoints" / "global_step_1" / "config.yaml"
+    state.write_text(state.read_text().replace(str(tiny_model["path"]), "moved/away"))
+    assert main(["export", str(trainer.run_dir), str(tmp_path / "x2")]) == 2
+    assert "pass --model-path DIR" in capsys.readouterr().err
+    assert (
+        main(["export", str(trainer.run_dir), str(tmp_path / "x2"), "--model-path", str(tiny_model["path"])])
+        == 0
+    )
+    again = load_file(tmp_path / "x2" / "model.safetensors")
+    assert all(torch.equal(final[k], again[k]) for k in final)
 
 
 @pytest.mark.parametrize(

@@ -94,12 +94,12 @@ class CompiledOrEager:
             stacklevel=3,
         )
 
-    def _check_backward(self) -> None:
+    def _check_backward(self, device: torch.device) -> None:
         # identity hooks on top of any active ones: inside a non-reentrant checkpoint (the chunked LM
         # head) the probe's own backward must not unpack through the checkpoint's recomputation
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-            x = torch.randn(2, 8, requires_grad=True)
-            out = self.compiled(x, torch.tensor([1, 5]), 1.0)
+            x = torch.randn(2, 8, device=device, requires_grad=True)  # where the real call will run
+            out = self.compiled(x, torch.tensor([1, 5], device=device), 1.0)
             sum(o.sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
         self.backward_checked = True
 
@@ -116,7 +116,7 @@ class CompiledOrEager:
                 if self.compiled is None:
                     self.compiled = torch.compile(self.fn, dynamic=True)
                 if torch.is_grad_enabled() and logits.requires_grad and not self.backward_checked:
-                    self._check_backward()
+                    self._check_backward(logits.device)
                 return self.compiled(logits, labels, temperature)
             except _COMPILE_FAILURES as err:  # anything else (checkpoint's early stop too) propagates
                 result = self.eager(logits, labels, temperature)  # raises if the inputs are at fault

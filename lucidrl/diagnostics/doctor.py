@@ -321,13 +321,19 @@ def check_distributed(backend: str = "gloo", world: int = 2, timeout: float = 12
         _child(["dist", "--rank", str(r), "--world", str(world), "--port", str(port), "--backend", backend])
         for r in range(world)
     ]
+    # wait for all; the first rank to fail is the one to report (the others would wait out the timeout)
     deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):
+            break
+        time.sleep(0.05)
+    first_failed = any(p.poll() not in (None, 0) for p in procs)
     results: list[tuple[dict | None, str]] = []
     for proc in procs:
-        if results and results[-1][0] is None:  # one rank failed: the others would wait out the timeout
+        if proc.poll() is None and first_failed:
             proc.kill()
             proc.communicate()
-            results.append((None, "stopped after an earlier rank failed"))
+            results.append((None, "stopped after another rank failed"))
         else:
             results.append(_collect(proc, max(1.0, deadline - time.monotonic())))
     failed = [f"rank {r}: {why}" for r, (res, why) in enumerate(results) if res is None]
@@ -375,9 +381,14 @@ def check_ray(needs: Needs, start: bool) -> Check:
         ensure_ray(needs.ray_address, num_cpus=None if needs.ray_address else max(2, usable_cpus()))
         group = RayWorkerGroup(ProbeWorker, "doctor-probe", world_size=2)
         out = group.where(Batch(tensors={"x": torch.arange(4)}))
-        if out["rank"] != [0, 0, 1, 1] or group.all_reduce_sum(1.0) != 3.0:
+        if out["rank"] != [0, 0, 1, 1]:
             return Check(
                 "ray", "fail", f"ray {version}: dispatch placed samples on ranks {out['rank']}", "report it"
+            )
+        total = group.all_reduce_sum(1.0)
+        if total != 3.0:
+            return Check(
+                "ray", "fail", f"ray {version}: gloo all_reduce gave {total}, expected 3.0", "report it"
             )
         try:
             group.fail("raise")
@@ -546,10 +557,24 @@ def check_model(cfg: Any, tokenizer: Any, path: str, key: str) -> Check:
             f"model's max_position_embeddings={info.max_positions}",
             "lower the lengths; positions past the model's range were never trained",
         )
+    if info.converted:
+        return Check(
+            name,
+            "ok",
+            detail + " (tensor names not compared: transformers converts this architecture's on load)",
+        )
     if info.checked_tensors == 0:
         return Check(name, "ok", detail + " (.bin weights: names and shapes not checked; safetensors are)")
-    extra = f"; {len(info.unexpected)} unused tensors in the files" if info.unexpected else ""
-    return Check(name, "ok", detail + f"; all {info.checked_tensors} tensors match the architecture" + extra)
+    if info.unexpected:
+        return Check(
+            name,
+            "warn",
+            detail
+            + f"; {len(info.unexpected)} tensors in the files that the architecture does not use (first: "
+            f"{info.unexpected[:3]}); from_pretrained drops them",
+            "check config.json (fewer layers than the weights have?) or that the folder holds the model you mean",
+        )
+    return Check(name, "ok", detail + f"; all {info.checked_tensors} tensors match the architecture")
 
 
 def check_rollout_server(cfg: Any, tokenizer: Any) -> Check:
@@ -691,7 +716,7 @@ def run_doctor(
     add("torch", check_torch)
     add("cuda", lambda: check_cuda(needs))
     add("shm", check_shm)
-    add("compile", lambda: check_compile(needs))
+    add("compile", lambda: check_compile(needs, "cuda" if needs.gpu and torch.cuda.is_available() else "cpu"))
     add("distributed", check_distributed)
     if torch.cuda.is_available():
         add("distributed", lambda: check_distributed("nccl", min(2, torch.cuda.device_count())))

@@ -27,6 +27,9 @@ class ModelInspection:
     max_positions: int | None
     weight_files: list[str]
     checked_tensors: int  # tensors whose name and shape were compared; 0 when the weights are not safetensors
+    converted: bool = (
+        False  # transformers renames or fuses this architecture's tensors on load: names not compared
+    )
     missing: list[str] = field(default_factory=list)  # the architecture expects them, no file has them
     unexpected: list[str] = field(default_factory=list)  # in the files, not in the architecture
     mismatched: list[str] = field(default_factory=list)  # "name: file (a, b) vs model (c, d)"
@@ -107,6 +110,9 @@ def inspect_model_folder(path: str, *, config_key: str = "model.path", trust_rem
             )
         return out
     out.weight_files, shapes = found
+    if _converts_on_load(model):
+        out.converted = True
+        return out
     prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else ""
     if prefix and shapes and not any(k.startswith(prefix) for k in shapes):
         shapes = {prefix + k: v for k, v in shapes.items()}  # saved from the bare backbone: HF adds it back
@@ -120,6 +126,16 @@ def inspect_model_folder(path: str, *, config_key: str = "model.path", trust_rem
     )
     out.checked_tensors = sum(1 for k in expected if k in shapes)
     return out
+
+
+def _converts_on_load(model: Any) -> bool:
+    """Whether transformers maps this architecture's saved tensors onto others when loading (MoE experts
+    fused into one tensor, renamed keys): the file's names then differ from the module's by design."""
+    try:
+        from transformers.conversion_mapping import extract_weight_conversions_for_model
+    except ImportError:  # an older transformers: no conversions
+        return False
+    return bool(extract_weight_conversions_for_model(model))
 
 
 def _is_tied(model: Any, key: str) -> bool:

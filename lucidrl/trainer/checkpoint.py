@@ -17,6 +17,7 @@ above in every worker group, then refuses if a key that gives the saved state it
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -28,13 +29,20 @@ import yaml
 
 from lucidrl.workers.train_state import CheckpointError
 
+log = logging.getLogger(__name__)
+
 STATE = "trainer_state.json"
 LATEST = "latest"
 PREFIX = "global_step_"
 # keys the saved state depends on: the weights' architecture, the data order, the batch arithmetic
 FROZEN_KEYS = (
     "model.path",
+    "model.tokenizer_path",
+    "critic.model_path",
     "data.train_files",
+    "data.prompt_key",
+    "data.max_prompt_length",  # with filter_overlong_prompts, which rows the loader keeps
+    "data.filter_overlong_prompts",
     "data.train_batch_size",
     "data.shuffle",
     "data.seed",
@@ -61,8 +69,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     if not (path / STATE).is_file():
         raise CheckpointError(
             f"{pointer} names '{path.name}', which is not a complete checkpoint (no {STATE}); point it at "
-            f"a complete one among {sorted(p.name for p in root.glob(PREFIX + '*') if p.is_dir())}, or set "
-            "trainer.resume_mode=disable with trainer.overwrite=true to start over"
+            f"a complete one among {sorted(p.name for p in root.glob(PREFIX + '*') if p.is_dir())}, or resume "
+            "from one of them with trainer.resume_mode=resume_path and trainer.resume_from_path"
         )
     return path
 
@@ -97,10 +105,21 @@ def drop_metrics_after(run_dir: Path, step: int) -> int:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return 0
-    lines = path.read_text().splitlines()
-    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    kept, dropped, torn = [], 0, 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            torn += 1  # the last line of a process killed while writing it
+            continue
+        if record.get("step", 0) <= step:
+            kept.append(line)
+        else:
+            dropped += 1
     path.write_text("".join(line + "\n" for line in kept))
-    return len(lines) - len(kept)
+    if torn:
+        log.warning("%s: dropped %d unreadable line(s) (a run killed while writing them)", path, torn)
+    return dropped
 
 
 def begin(run_dir: Path, step: int) -> Path:
@@ -122,19 +141,28 @@ def commit(tmp: Path, keep: int | None) -> Path:
     pointer.with_suffix(".tmp").write_text(final.name + "\n")
     os.replace(pointer.with_suffix(".tmp"), pointer)
     if keep is not None:
-        done = sorted(
-            (p for p in final.parent.glob(PREFIX + "*") if p.is_dir() and not p.name.endswith(".tmp")),
-            key=lambda p: int(p.name.removeprefix(PREFIX)),
-        )
-        for old in done[:-keep]:
+        # the newest `keep` up to this one; later steps are an abandoned continuation (a resume from
+        # an earlier checkpoint retrains them), so they go too
+        step = _step_of(final)
+        others = [p for p in final.parent.glob(PREFIX + "*") if p.is_dir() and not p.name.endswith(".tmp")]
+        earlier = sorted((p for p in others if _step_of(p) < step), key=_step_of)
+        later = [p for p in others if _step_of(p) > step]
+        for old in earlier[: max(0, len(earlier) - (keep - 1))] + later:
             shutil.rmtree(old)
     return final
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name.removeprefix(PREFIX))
 
 
 def write_trainer_state(path: Path, state: dict[str, Any], config: dict[str, Any]) -> None:
     (path / STATE).write_text(json.dumps(state, indent=2) + "\n")
     (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, path / "rng.pt")
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()  # the local backend samples on this process's GPUs
+    torch.save(rng, path / "rng.pt")
 
 
 def read_state_and_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -147,6 +175,8 @@ def read_trainer_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     state, config = read_state_and_config(path)
     rng = torch.load(path / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
     random.setstate(rng["python"])
     return state, config
 
@@ -178,20 +208,43 @@ def refuse_frozen_changes(changes: dict[str, tuple[Any, Any]], path: Path) -> No
         )
 
 
-def export_checkpoint(path: str | Path, out: str | Path) -> Path:
-    """A HuggingFace folder of a checkpoint's actor: the run's model.path architecture, the saved weights."""
+def export_checkpoint(
+    path: str | Path, out: str | Path, *, model_path: str | None = None, overwrite: bool = False
+) -> Path:
+    """A HuggingFace folder of a checkpoint's actor: the run's model.path architecture, the saved weights.
+
+    `model_path` replaces the run's model.path (a relative one only resolves from where the run started).
+    OUT must be new or empty; with `overwrite`, an existing model folder (holding config.json) is replaced.
+    """
     from lucidrl.config import config_from_dict
     from lucidrl.models import load_model, load_tokenizer
-    from lucidrl.models.loading import DTYPES
+    from lucidrl.models.loading import DTYPES, ModelLoadError
     from lucidrl.models.saving import save_hf_folder
     from lucidrl.workers.train_state import load_weights
 
     ckpt = check_checkpoint(path, key="CHECKPOINT")
+    target = Path(out)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        if not overwrite:
+            raise CheckpointError(
+                f"OUT={str(out)!r} exists and is not empty; give a new folder, or --overwrite"
+            )
+        if not (target / "config.json").is_file() or (target / "checkpoints").exists():
+            raise CheckpointError(
+                f"OUT={str(out)!r} is not a HuggingFace model folder (no config.json, or it holds checkpoints); "
+                "--overwrite only replaces a model folder: give a new folder"
+            )
     cfg = config_from_dict(
         yaml.safe_load((ckpt / "config.yaml").read_text()), source=str(ckpt / "config.yaml")
     )
     m = cfg.model
-    model = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
-    tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
+    try:
+        model = load_model(model_path or m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
+        tokenizer = load_tokenizer(model_path or m.tokenizer_path or m.path, pad_token=m.pad_token)
+    except ModelLoadError as exc:
+        raise ModelLoadError(
+            f"{exc}\n(export rebuilds the architecture from the run's model.path={m.path!r}, saved in "
+            f"{ckpt / 'config.yaml'}; run it from the folder the run started in, or pass --model-path DIR)"
+        ) from exc
     load_weights(model, ckpt / "actor")
     return save_hf_folder(model, tokenizer, out)

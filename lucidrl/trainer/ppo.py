@@ -256,7 +256,13 @@ class PPOTrainer:
                 metrics.update(self.validate())
             self.tracker.log(metrics, step=self.global_step)
             if cfg.save_freq and (self.global_step % cfg.save_freq == 0 or last):
-                self.save_checkpoint()
+                if collapse is None:
+                    self.save_checkpoint()
+                else:  # its weights may be collapsed, or a restored earlier step's next to later optimizer state
+                    self.tracker.console.print(
+                        f"[dim]lucidrl:[/dim] no checkpoint at step {self.global_step}, which collapsed; a resume "
+                        "continues from the last one before it"
+                    )
             if out_of_time:
                 self.tracker.console.print(
                     f"[dim]lucidrl:[/dim] stopped at step {self.global_step}: trainer.max_time_s={cfg.max_time_s} reached"
@@ -303,6 +309,7 @@ class PPOTrainer:
         if self.kl_ctrl is not None and state["kl_coef"] is not None:
             self.kl_ctrl.value = state["kl_coef"]
         self.resumed_from = path
+        self.healthy_step = self.global_step  # keep_last_healthy's snapshot starts from the resumed weights
         self.resume_changes = {k: v for k, v in changes.items() if k not in checkpoint.RESUME_KEYS}
         checkpoint.drop_metrics_after(self.run_dir, self.global_step)
 

@@ -30,12 +30,23 @@ def _single_process_quiet():
 
 
 def save_train_state(model: torch.nn.Module, optimizer, scheduler, path: Path, extra: dict[str, Any]) -> None:
-    """Weights, optimizer and schedule of one trained model, each rank its own shard (collective)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    """Weights, optimizer and schedule of one trained model, each rank its own shard (collective).
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict(), "extra": extra}
+    An optimizer that has not stepped yet (the actor during critic.warmup_steps) is saved as absent:
+    asking torch for its state dict would create the state with a zero-gradient step, and the first
+    real update would then be AdamW's second.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    has_optim = bool(optimizer.state)
+    state = {
+        "model": get_model_state_dict(model),
+        "scheduler": scheduler.state_dict(),
+        "extra": {**extra, "has_optim": has_optim},
+    }
+    if has_optim:
+        state["optim"] = get_optimizer_state_dict(model, optimizer)
     with _single_process_quiet():
         dcp.save(state, checkpoint_id=str(path))
 
@@ -43,16 +54,30 @@ def save_train_state(model: torch.nn.Module, optimizer, scheduler, path: Path, e
 def load_train_state(model: torch.nn.Module, optimizer, scheduler, path: Path, extra: dict[str, Any]) -> dict:
     """The inverse of save_train_state, into modules built as the run builds them; returns `extra` filled."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     if not (path / ".metadata").is_file():
         raise CheckpointError(f"checkpoint folder {path} is missing or incomplete (no .metadata)")
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict(), "extra": dict(extra)}
+    state: dict[str, Any] = {
+        "model": get_model_state_dict(model),
+        "scheduler": scheduler.state_dict(),
+        "extra": {**extra, "has_optim": False},
+    }
     with _single_process_quiet():
-        dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    scheduler.load_state_dict(state["scheduler"])
+        dcp.load(state, checkpoint_id=str(path))  # strict: a weight the checkpoint lacks is an error
+        set_model_state_dict(model, state["model"])
+        scheduler.load_state_dict(state["scheduler"])
+        if state["extra"].pop("has_optim"):
+            # partial: a parameter that had no gradient before the save has no AdamW state in it
+            optim = {"optim": get_optimizer_state_dict(model, optimizer)}
+            dcp.load(optim, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
+            set_optimizer_state_dict(model, optimizer, optim["optim"])
     return state["extra"]
 
 
