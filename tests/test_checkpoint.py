@@ -69,6 +69,7 @@ def test_a_stopped_and_resumed_run_ends_where_an_uninterrupted_one_does(
     assert resumed.resume_changes == {"trainer.total_training_steps": (2, 4)}
     out = capsys.readouterr().out
     assert "resumed from" in out and "after step 2 (2 batches into the data)" in out
+    assert "checkpoint " in out and "global_step_4 (" in out and " MiB) in " in out
 
     a = load_file(straight.run_dir / "final" / "model.safetensors")
     b = load_file(resumed.run_dir / "final" / "model.safetensors")

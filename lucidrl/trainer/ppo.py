@@ -257,7 +257,12 @@ class PPOTrainer:
             self.tracker.log(metrics, step=self.global_step)
             if cfg.save_freq and (self.global_step % cfg.save_freq == 0 or last):
                 if collapse is None:
-                    self.save_checkpoint()
+                    began = time.perf_counter()
+                    path = self.save_checkpoint()
+                    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+                    self.tracker.console.print(
+                        f"[dim]lucidrl:[/dim] checkpoint {path} ({size:.1f} MiB) in {time.perf_counter() - began:.1f} s"
+                    )
                 else:  # its weights may be collapsed, or a restored earlier step's next to later optimizer state
                     self.tracker.console.print(
                         f"[dim]lucidrl:[/dim] no checkpoint at step {self.global_step}, which collapsed; a resume "
