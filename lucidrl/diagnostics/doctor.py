@@ -5,9 +5,9 @@ CUDA (driver library, devices, NCCL), /dev/shm, torch.compile (a real compile in
 gloo (and NCCL) across two processes on a free port, Ray, and vLLM's torch pin. Given a `lucidrl train`
 config it also checks that config: it loads and validates, its placement fits the devices here, the
 tokenizer loads with a pad token, every model folder's weights match its architecture (read from the
-safetensors headers, nothing loaded), the run directory (a new run, a resume, or a refusal), a rollout server (rollout.name=server) answers and takes
-weights, the data files have the schema, and every data_source in them has a reward function that
-runs and returns a valid score.
+safetensors headers, nothing loaded), the run directory (a new run, a resume, or a refusal), a
+rollout server (rollout.name=server) answers and takes weights, the data files have the schema, and
+every data_source in them has a reward function that runs and returns a valid score.
 
 Each check ends as ok, warn, fail or skip, with a fix for warn and fail; the command exits 1 if any
 check failed. Checks that start processes (compile, distributed, ray) can be skipped with --skip.
@@ -57,7 +57,7 @@ class Needs:
     ray_address: str | None = None
     ranks: int = 1
     cpus_per_rank: int = 1
-    gpus: int = 0  # GPUs the local backend's explicit devices ask for
+    gpus: int = 0  # GPUs this host must have (cuda ranks placed on one node)
 
 
 @dataclass
@@ -79,6 +79,7 @@ def _run(name: str, fn: Callable[[], Any]) -> tuple[Check, Any]:
     as they are: their messages already say what to do. Any other exception is a failure of the check
     itself, reported, never a crash of the doctor.
     """
+    from lucidrl.diagnostics.debug import debug_enabled
     from lucidrl.diagnostics.errors import USER_ERRORS
 
     start = time.perf_counter()
@@ -95,7 +96,7 @@ def _run(name: str, fn: Callable[[], Any]) -> tuple[Check, Any]:
             f"the check raised {type(exc).__name__}: {exc}",
             "run with LUCIDRL_DEBUG=1 for the traceback; if the error is not about your setup, report it",
         )
-        if os.environ.get("LUCIDRL_DEBUG") == "1":
+        if debug_enabled():
             traceback.print_exc()
     check.name, check.seconds = name, time.perf_counter() - start
     return check, value
@@ -234,13 +235,12 @@ def check_shm(path: str = "/dev/shm") -> Check:
     return Check("shm", "ok", detail)
 
 
-def _child(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+def _child(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "lucidrl.diagnostics.probes", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **(env or {})},
     )
 
 
@@ -602,11 +602,8 @@ def check_run_dir(cfg: Any) -> Check:
     run_dir = run_dir_of(cfg)
     resume = checkpoint.resume_point(cfg, run_dir)  # CheckpointError for a broken `latest`
     if resume is not None:
-        state, saved = checkpoint.read_state_and_config(resume)
-        changes = checkpoint.config_changes(saved, to_dict(cfg))
-        checkpoint.refuse_frozen_changes(changes, resume)
-        changed = [k for k in changes if k not in checkpoint.RESUME_KEYS]
-        more = f"; changed since: {', '.join(changed)}" if changed else ""
+        state, changes = checkpoint.resumable(resume, to_dict(cfg))
+        more = f"; changed since: {', '.join(changes)}" if changes else ""
         return Check(
             "run dir", "ok", f"{run_dir}: resumes from {resume} after step {state['global_step']}{more}"
         )
@@ -617,38 +614,26 @@ def check_run_dir(cfg: Any) -> Check:
 
 
 def check_data(cfg: Any, tokenizer: Any) -> tuple[Check, list]:
-    from lucidrl.data.dataset import load_prompts
+    from lucidrl.trainer.setup import load_data
 
-    d = cfg.data
-    samples, parts = [], []
-    for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
-        if not files and key == "data.val_files":
-            parts.append("no data.val_files (no validation)")
-            continue
-        rows, report = load_prompts(
-            files,
-            tokenizer,
-            max_prompt_length=d.max_prompt_length,
-            prompt_key=d.prompt_key,
-            filter_overlong=d.filter_overlong_prompts,
-            what=key,
-        )
-        samples += rows
-        dropped = f", {report.overlong_filtered} overlong dropped" if report.overlong_filtered else ""
-        parts.append(
-            f"{key}: {len(rows)} of {report.total_rows} rows{dropped}, longest prompt {report.longest_prompt} "
-            f"tokens (max {d.max_prompt_length})"
-        )
-    return Check("data", "ok", "; ".join(parts)), samples
+    train, val, report = load_data(cfg, tokenizer)  # what `lucidrl train` loads, and its errors
+    dropped = f", {report.overlong_filtered} overlong dropped" if report.overlong_filtered else ""
+    detail = (
+        f"data.train_files: {len(train)} of {report.total_rows} rows{dropped}, longest prompt "
+        f"{report.longest_prompt} tokens (max {cfg.data.max_prompt_length}); "
+        + (f"data.val_files: {len(val)} rows" if val else "no data.val_files (no validation)")
+    )
+    return Check("data", "ok", detail), train + val
 
 
 def check_rewards(cfg: Any, samples: list) -> Check:
     from lucidrl.rewards.custom import load_custom_function, normalize_reward_output
     from lucidrl.rewards.manager import RewardFunctionError
-    from lucidrl.rewards.registry import get_reward_function
+    from lucidrl.rewards.registry import _qualname, default_compute_score, get_reward_function
 
     fn_cfg = cfg.reward.custom_function
     custom = load_custom_function(fn_cfg.path, fn_cfg.name) if fn_cfg.path else None
+    compute = custom or default_compute_score
     first: dict[str, Any] = {}
     counts: dict[str, int] = {}
     for s in samples:
@@ -656,17 +641,10 @@ def check_rewards(cfg: Any, samples: list) -> Check:
         counts[s.data_source] = counts.get(s.data_source, 0) + 1
     parts = []
     for ds, s in first.items():
-        if custom is None:
-            fn = get_reward_function(ds)  # UnknownDataSourceError names the known ones and the fix
-            name = f"{fn.__module__}.{fn.__qualname__}"
-        else:
-            name = f"{fn_cfg.path}:{fn_cfg.name}"
+        # UnknownDataSourceError names the known data sources and the fix
+        name = f"{fn_cfg.path}:{fn_cfg.name}" if custom else _qualname(get_reward_function(ds))
         try:
-            raw = (
-                custom(ds, "", s.ground_truth, s.extra_info)
-                if custom
-                else fn("", s.ground_truth, s.extra_info)
-            )
+            raw = compute(ds, "", s.ground_truth, s.extra_info)
         except Exception as exc:
             raise RewardFunctionError(
                 f"reward function {name} raised {type(exc).__name__}: {exc} on an empty response to "

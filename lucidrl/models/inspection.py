@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from lucidrl.models.loading import ModelLoadError, _check_folder
+from lucidrl.models.loading import ModelLoadError, check_model_folder
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -73,12 +73,7 @@ def inspect_model_folder(path: str, *, config_key: str = "model.path", trust_rem
     """Build `path`'s architecture on the meta device and compare it with the weight files' headers."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    folder = _check_folder(path, config_key, "model")
-    if not (folder / "config.json").is_file():
-        raise ModelLoadError(
-            f"{config_key}={path!r} has no config.json, so it is not a HuggingFace model folder; set "
-            f"{config_key} to a folder saved by `save_pretrained` (or built by `lucidrl model tiny`)"
-        )
+    folder = check_model_folder(path, config_key)
     try:
         config = AutoConfig.from_pretrained(
             str(folder), local_files_only=True, trust_remote_code=trust_remote_code

@@ -92,16 +92,22 @@ def load_tokenizer(path: str, pad_token: str | None = None, *, config_key: str =
     return tokenizer
 
 
+def check_model_folder(path: str, config_key: str = "model.path") -> Path:
+    """`path` as a folder holding a HuggingFace config.json, else ModelLoadError naming `config_key`."""
+    folder = _check_folder(path, config_key, "model")
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(
+            f"{config_key}={path!r} has no config.json, so it is not a HuggingFace model folder; "
+            f"set {config_key} to a folder saved by `save_pretrained`, or {_BUILD_HINT}."
+        )
+    return folder
+
+
 def load_model(path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False) -> Any:
     """Load a causal LM (`AutoModelForCausalLM`) from a local folder (config key `model.path`), offline."""
     from transformers import AutoModelForCausalLM
 
-    folder = _check_folder(path, "model.path", "model")
-    if not (folder / "config.json").is_file():
-        raise ModelLoadError(
-            f"model.path={path!r} has no config.json, so it is not a HuggingFace model folder; "
-            f"set model.path to a folder saved by `save_pretrained`, or {_BUILD_HINT}."
-        )
+    folder = check_model_folder(path)
     try:
         return AutoModelForCausalLM.from_pretrained(
             str(folder), dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code

@@ -165,20 +165,22 @@ def write_trainer_state(path: Path, state: dict[str, Any], config: dict[str, Any
     torch.save(rng, path / "rng.pt")
 
 
-def read_state_and_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(trainer state, saved config) of a checkpoint."""
-    return json.loads((path / STATE).read_text()), yaml.safe_load((path / "config.yaml").read_text())
+def resumable(path: Path, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
+    """(trainer state, config changes worth announcing) of resuming from `path` with `config`; refuses
+    (CheckpointError) a change to a key the saved state depends on."""
+    state = json.loads((path / STATE).read_text())
+    changes = config_changes(yaml.safe_load((path / "config.yaml").read_text()), config)
+    refuse_frozen_changes(changes, path)
+    return state, {k: v for k, v in changes.items() if k not in RESUME_KEYS}
 
 
-def read_trainer_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(trainer state, saved config) of a checkpoint; restores the RNG states of this process."""
-    state, config = read_state_and_config(path)
+def restore_rng(path: Path) -> None:
+    """This process's RNG states as the checkpoint saved them."""
     rng = torch.load(path / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
     random.setstate(rng["python"])
-    return state, config
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

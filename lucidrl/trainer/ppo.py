@@ -296,16 +296,14 @@ class PPOTrainer:
             "batches_drawn": self.batches_drawn,
             "generation_rounds": self.collector.rounds,
             "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
-            "world_sizes": {g.role: g.world_size for g in self.workers.groups},
         }
         checkpoint.write_trainer_state(tmp, state, to_dict(self.cfg))
         return checkpoint.commit(tmp, self.cfg.trainer.max_ckpt_to_keep)
 
     def resume(self, path: Path) -> None:
         """Continue from a checkpoint: the groups' training state, then the trainer's own counters."""
-        state, saved = checkpoint.read_trainer_state(path)
-        changes = checkpoint.config_changes(saved, to_dict(self.cfg))
-        checkpoint.refuse_frozen_changes(changes, path)
+        state, self.resume_changes = checkpoint.resumable(path, to_dict(self.cfg))
+        checkpoint.restore_rng(path)
         for group in self.workers.groups:
             group.load_checkpoint(str(path))
         self.global_step = state["global_step"]
@@ -315,7 +313,6 @@ class PPOTrainer:
             self.kl_ctrl.value = state["kl_coef"]
         self.resumed_from = path
         self.healthy_step = self.global_step  # keep_last_healthy's snapshot starts from the resumed weights
-        self.resume_changes = {k: v for k, v in changes.items() if k not in checkpoint.RESUME_KEYS}
         checkpoint.drop_metrics_after(self.run_dir, self.global_step)
 
     def save_model(self, path: Path) -> None:
