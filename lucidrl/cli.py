@@ -192,7 +192,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from lucidrl.trainer.checkpoint import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out, model_path=args.model_path, overwrite=args.overwrite)
+    out = export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
     print(f"wrote a HuggingFace model folder to {out} (the actor of {args.checkpoint})")
     return 0
 
@@ -317,9 +317,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "out", metavar="OUT", help="folder to write (config.json, model.safetensors, tokenizer)"
-    )
-    export.add_argument(
-        "--model-path", default=None, help="the base model folder, if the run's model.path no longer resolves"
     )
     export.add_argument("--overwrite", action="store_true", help="replace OUT if it is a model folder")
     export.set_defaults(fn=_cmd_export)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -175,6 +176,16 @@ def test_saves_are_atomic_pruned_and_the_latest_is_resumed(tmp_path, kk_data, ti
     step3 = root / "global_step_3"
     assert json.loads((step3 / "trainer_state.json").read_text())["global_step"] == 3
     assert (step3 / "actor" / ".metadata").is_file() and (step3 / "critic" / ".metadata").is_file()
+    # each role's weights are a HuggingFace folder in the checkpoint, loadable as it is
+    from transformers import AutoModelForTokenClassification
+
+    critic = AutoModelForTokenClassification.from_pretrained(
+        str(step3 / "critic" / "model"), local_files_only=True
+    )
+    assert critic.config.num_labels == 1 and critic.score.weight.abs().sum() > 0  # trained from a zero head
+    assert sorted(p.name for p in (step3 / "critic" / "model").glob("*.safetensors")) == [
+        "model-00001-of-00001.safetensors"
+    ]
     # a save killed half-way leaves a .tmp folder: the resume ignores it, the next save replaces it
     (root / "global_step_4.tmp" / "actor").mkdir(parents=True)
     cfg = load_config(None, _args(tmp_path, kk_data, tiny_model, "run"))
@@ -188,6 +199,11 @@ def test_saves_are_atomic_pruned_and_the_latest_is_resumed(tmp_path, kk_data, ti
     # resume_mode=disable does not look; with overwrite the run starts over
     no = load_config(None, _args(tmp_path, kk_data, tiny_model, "run", "trainer.resume_mode=disable"))
     assert checkpoint.resume_point(no, run) is None
+    # a checkpoint without its weights folder (written by an earlier version, or damaged) says so
+    (root / "latest").write_text("global_step_3\n")
+    shutil.rmtree(step3 / "actor" / "model")
+    with pytest.raises(CheckpointError, match=r"needs .metadata \(optimizer state\) and model/"):
+        PPOTrainer(cfg).fit()
 
 
 def test_resume_refuses_a_changed_key_that_the_saved_state_depends_on(tmp_path, kk_data, tiny_model):
@@ -225,17 +241,19 @@ def test_export_writes_the_checkpoint_actor_as_a_huggingface_folder(tmp_path, kk
     assert "is not a HuggingFace model folder" in capsys.readouterr().err
     assert (trainer.run_dir / "checkpoints" / "latest").is_file()
     assert main(["export", str(trainer.run_dir), str(out), "--overwrite"]) == 0
-    # a run whose model.path no longer resolves (relative, moved): --model-path gives the architecture
+    # the checkpoint carries the architecture: a run whose model.path no longer resolves still exports
     state = trainer.run_dir / "checkpoints" / "global_step_1" / "config.yaml"
     state.write_text(state.read_text().replace(str(tiny_model["path"]), "moved/away"))
-    assert main(["export", str(trainer.run_dir), str(tmp_path / "x2")]) == 2
-    assert "pass --model-path DIR" in capsys.readouterr().err
-    assert (
-        main(["export", str(trainer.run_dir), str(tmp_path / "x2"), "--model-path", str(tiny_model["path"])])
-        == 0
-    )
+    assert main(["export", str(trainer.run_dir), str(tmp_path / "x2")]) == 0
     again = load_file(tmp_path / "x2" / "model.safetensors")
     assert all(torch.equal(final[k], again[k]) for k in final)
+    # and the checkpoint's own actor/model loads without export, tied embedding included
+    direct = AutoModelForCausalLM.from_pretrained(
+        str(trainer.run_dir / "checkpoints" / "global_step_1" / "actor" / "model"), local_files_only=True
+    )
+    weights = direct.state_dict()
+    assert all(torch.equal(final[k], weights[k]) for k in final)
+    assert direct.lm_head.weight is direct.model.embed_tokens.weight
 
 
 @pytest.mark.parametrize(
@@ -277,3 +295,6 @@ def test_doctor_says_whether_a_run_resumes_and_what_training_would_refuse(tmp_pa
     )
     check = run_dir_check("trainer.resume_mode=disable", "trainer.overwrite=true")
     assert check.status == "warn" and "will delete" in check.detail
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "global_step_1" / "critic" / "model")
+    check = run_dir_check()
+    assert check.status == "fail" and "critic is missing or incomplete" in check.detail

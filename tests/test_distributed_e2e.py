@@ -108,11 +108,32 @@ def test_fsdp2_on_ray_stopped_and_resumed_matches_the_uninterrupted_local_run(
         "trainer.total_training_steps=1",
         "trainer.save_freq=1",
     )
-    step1 = tmp_path / "resumed" / "checkpoints" / "global_step_1" / "actor"
-    assert sorted(p.name for p in step1.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    step1 = tmp_path / "resumed" / "checkpoints" / "global_step_1"
+    assert sorted(p.name for p in (step1 / "actor").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    # the weights' shards are joined into one HuggingFace folder of whole tensors
+    weights = step1 / "actor" / "model"
+    assert sorted(p.name for p in weights.iterdir() if "safetensors" in p.name) == [
+        "model-00001-of-00001.safetensors",
+        "model.safetensors.index.json",
+    ]
+    start = load_file(f"{tiny_model['path']}/model.safetensors")
+    saved = load_file(weights / "model-00001-of-00001.safetensors")
+    assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in start.items()}
+    assert any(not saved[k].equal(start[k]) for k in start)
     resumed = _train(tmp_path, kk_data, tiny_model, "resumed", *ray, "trainer.save_freq=1")  # on to step 2
     assert [r["step"] for r in resumed[0]] == [1, 2]
     _compare(local_run, resumed)
+    # the same 2-rank checkpoint resumed in one process: each tensor is read whole instead of by halves
+    local = _train(
+        tmp_path,
+        kk_data,
+        tiny_model,
+        "resumed_locally",
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={step1}",
+    )
+    assert [r["step"] for r in local[0]] == [2]
+    _compare((local_run[0][1:], local_run[1]), local)
 
 
 @pytest.mark.slow

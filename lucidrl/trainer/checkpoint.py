@@ -2,8 +2,10 @@
 
 A checkpoint is `RUN_DIR/checkpoints/global_step_N/`:
 
-    actor/, critic/        torch.distributed.checkpoint folders: weights, AdamW state, LR schedule
-                           (every rank writes its own shard, so FSDP2 never gathers to save)
+    actor/, critic/        AdamW state and LR schedule (torch.distributed.checkpoint; every rank
+                           writes its own shard, so FSDP2 never gathers to save)
+    actor/model/           the weights as a HuggingFace folder (safetensors, config.json, tokenizer):
+    critic/model/          `from_pretrained` and `lucidrl eval` load it as it is
     trainer_state.json     step, loader position, generation rounds, KL coefficient
     rng.pt                 the trainer process's torch and Python RNG states
     config.yaml            the config the run had when it saved
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 import yaml
 
-from lucidrl.workers.train_state import CheckpointError
+from lucidrl.workers.train_state import CheckpointError, check_train_state
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +171,9 @@ def resumable(path: Path, config: dict[str, Any]) -> tuple[dict[str, Any], dict[
     """(trainer state, config changes worth announcing) of resuming from `path` with `config`; refuses
     (CheckpointError) a change to a key the saved state depends on."""
     state = json.loads((path / STATE).read_text())
+    for role in ("actor", "critic"):
+        if role == "actor" or (path / role).exists():
+            check_train_state(path / role)
     changes = config_changes(yaml.safe_load((path / "config.yaml").read_text()), config)
     refuse_frozen_changes(changes, path)
     return state, {k: v for k, v in changes.items() if k not in RESUME_KEYS}
@@ -210,19 +215,18 @@ def refuse_frozen_changes(changes: dict[str, tuple[Any, Any]], path: Path) -> No
         )
 
 
-def export_checkpoint(
-    path: str | Path, out: str | Path, *, model_path: str | None = None, overwrite: bool = False
-) -> Path:
-    """A HuggingFace folder of a checkpoint's actor: the run's model.path architecture, the saved weights.
+def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
+    """A HuggingFace folder of a checkpoint's actor, in the run's model.dtype.
 
-    `model_path` replaces the run's model.path (a relative one only resolves from where the run started).
-    OUT must be new or empty; with `overwrite`, an existing model folder (holding config.json) is replaced.
+    The checkpoint's `actor/model` already loads with `from_pretrained`; export checks that it does and
+    writes it as save_pretrained would (one `model.safetensors`, tied weights once). OUT must be new or
+    empty; with `overwrite`, an existing model folder (holding config.json) is replaced.
     """
     from lucidrl.config import config_from_dict
     from lucidrl.models import load_model, load_tokenizer
-    from lucidrl.models.loading import DTYPES, ModelLoadError
+    from lucidrl.models.loading import DTYPES
     from lucidrl.models.saving import save_hf_folder
-    from lucidrl.workers.train_state import load_weights
+    from lucidrl.workers.train_state import WEIGHTS
 
     ckpt = check_checkpoint(path, key="CHECKPOINT")
     target = Path(out)
@@ -239,14 +243,14 @@ def export_checkpoint(
     cfg = config_from_dict(
         yaml.safe_load((ckpt / "config.yaml").read_text()), source=str(ckpt / "config.yaml")
     )
-    m = cfg.model
-    try:
-        model = load_model(model_path or m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
-        tokenizer = load_tokenizer(model_path or m.tokenizer_path or m.path, pad_token=m.pad_token)
-    except ModelLoadError as exc:
-        raise ModelLoadError(
-            f"{exc}\n(export rebuilds the architecture from the run's model.path={m.path!r}, saved in "
-            f"{ckpt / 'config.yaml'}; run it from the folder the run started in, or pass --model-path DIR)"
-        ) from exc
-    load_weights(model, ckpt / "actor")
+    weights = ckpt / "actor" / WEIGHTS
+    if not (weights / "config.json").is_file():
+        raise CheckpointError(
+            f"{ckpt} has no actor weights folder {weights} (a checkpoint written before the weights were "
+            "saved as safetensors there); export it with the lucidrl version that wrote it"
+        )
+    model = load_model(
+        str(weights), dtype=DTYPES[cfg.model.dtype], trust_remote_code=cfg.model.trust_remote_code
+    )
+    tokenizer = load_tokenizer(str(weights), pad_token=cfg.model.pad_token)
     return save_hf_folder(model, tokenizer, out)

@@ -244,12 +244,21 @@ class PolicyWorker:
 
     @dispatch(Dispatch.ALL)
     def save_checkpoint(self, path: str) -> list[str]:
-        """Every rank writes its share of the actor's and critic's training state under `path`."""
+        """Every rank writes its share of the actor's and critic's training state under `path`
+        (each role's weights end up as a HuggingFace folder, `path/ROLE/model`)."""
         saved = []
         for role, worker in (("actor", self.actor), ("critic", self.critic)):
             if worker is not None:
                 extra = {"nonfinite_skipped": getattr(worker, "nonfinite_skipped", 0)}
-                save_train_state(worker.model, worker.optimizer, worker.scheduler, Path(path) / role, extra)
+                save_train_state(
+                    worker.model,
+                    worker.optimizer,
+                    worker.scheduler,
+                    Path(path) / role,
+                    extra,
+                    config=unwrap(worker.model).config,
+                    tokenizer=self.tokenizer,  # the critic reads the actor's tokens: the same one
+                )
                 saved.append(role)
         return saved
 

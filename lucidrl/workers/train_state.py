@@ -1,18 +1,29 @@
 """One trained model's full training state (weights, AdamW state, LR schedule) in a checkpoint folder.
 
-torch.distributed.checkpoint (DCP) writes it: with FSDP2 every rank saves and loads its own shards,
-with DDP or one process the same calls write whole tensors. `trainer/checkpoint.py` lays the folders
-out and decides when to save and what to resume.
+    ROLE/model/     the weights as a HuggingFace folder: config.json, model-*.safetensors and their
+                    index (plus the tokenizer for the actor); `from_pretrained` loads it as it is
+    ROLE/           AdamW state, LR schedule and counters (.metadata, *.distcp)
+
+torch.distributed.checkpoint (DCP) writes both: with FSDP2 every rank writes its own shards (the
+weights' shards are then joined into whole tensors by rank 0, file to file, with no gather), with DDP
+or one process the same calls write whole tensors. Loading reads each rank's slice of every tensor,
+so a checkpoint resumes under another world size. `trainer/checkpoint.py` lays the folders out and
+decides when to save and what to resume.
 """
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+
+WEIGHTS = "model"  # the HuggingFace folder inside a role's checkpoint folder
+INDEX = "model.safetensors.index.json"  # what DCP's HuggingFace writer names the weight map
 
 
 class CheckpointError(ValueError):
@@ -29,26 +40,63 @@ def _single_process_quiet():
         yield
 
 
-def save_train_state(model: torch.nn.Module, optimizer, scheduler, path: Path, extra: dict[str, Any]) -> None:
-    """Weights, optimizer and schedule of one trained model, each rank its own shard (collective).
+def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` without the later names of tied tensors (lm_head.weight when it is the embedding):
+    safetensors refuses shared storage, and HuggingFace re-ties them on load, as save_pretrained expects."""
+    seen, kept = set(), {}
+    for name, value in state.items():
+        local = value.to_local() if hasattr(value, "to_local") else value
+        key = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape))
+        if local.numel() == 0 or key not in seen:  # an empty shard has no storage worth comparing
+            seen.add(key)
+            kept[name] = value
+    return kept
 
-    An optimizer that has not stepped yet (the actor during critic.warmup_steps) is saved as absent:
-    asking torch for its state dict would create the state with a zero-gradient step, and the first
-    real update would then be AdamW's second.
+
+def _is_writer() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def save_train_state(
+    model: torch.nn.Module, optimizer, scheduler, path: Path, extra: dict[str, Any], *, config, tokenizer=None
+) -> None:
+    """Weights (a HuggingFace folder), optimizer and schedule of one trained model (collective).
+
+    `config` (the model's PretrainedConfig) and `tokenizer` complete the weights into a folder that
+    `from_pretrained` loads. An optimizer that has not stepped yet (the actor during
+    critic.warmup_steps) is saved as absent: asking torch for its state dict would create the state
+    with a zero-gradient step, and the first real update would then be AdamW's second.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+    weights = path / WEIGHTS
+    sharded = dist.is_initialized() and dist.get_world_size() > 1
+    writer = dcp.HuggingFaceStorageWriter(
+        str(weights), save_distributed=sharded, enable_consolidation=sharded
+    )
     has_optim = bool(optimizer.state)
-    state = {
-        "model": get_model_state_dict(model),
-        "scheduler": scheduler.state_dict(),
-        "extra": {**extra, "has_optim": has_optim},
-    }
+    state = {"scheduler": scheduler.state_dict(), "extra": {**extra, "has_optim": has_optim}}
     if has_optim:
         state["optim"] = get_optimizer_state_dict(model, optimizer)
     with _single_process_quiet():
+        dcp.save(_untied(get_model_state_dict(model)), storage_writer=writer)
         dcp.save(state, checkpoint_id=str(path))
+    if _is_writer():
+        shutil.rmtree(weights / "sharded", ignore_errors=True)  # the per-rank files, now joined
+        config.save_pretrained(weights)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(weights)
+
+
+def check_train_state(path: Path) -> None:
+    """CheckpointError unless `path` holds a complete training state as save_train_state writes it."""
+    if not (path / ".metadata").is_file() or not (path / WEIGHTS / INDEX).is_file():
+        raise CheckpointError(
+            f"checkpoint folder {path} is missing or incomplete: it needs .metadata (optimizer state) and "
+            f"{WEIGHTS}/{INDEX} (the weights as safetensors; checkpoints written before the weights moved "
+            "there keep them inside the .distcp files, and this version cannot resume them)"
+        )
 
 
 def load_train_state(model: torch.nn.Module, optimizer, scheduler, path: Path, extra: dict[str, Any]) -> dict:
@@ -62,16 +110,14 @@ def load_train_state(model: torch.nn.Module, optimizer, scheduler, path: Path, e
         set_optimizer_state_dict,
     )
 
-    if not (path / ".metadata").is_file():
-        raise CheckpointError(f"checkpoint folder {path} is missing or incomplete (no .metadata)")
-    state: dict[str, Any] = {
-        "model": get_model_state_dict(model),
-        "scheduler": scheduler.state_dict(),
-        "extra": {**extra, "has_optim": False},
-    }
+    check_train_state(path)
+    weights = get_model_state_dict(model)
+    state: dict[str, Any] = {"scheduler": scheduler.state_dict(), "extra": {**extra, "has_optim": False}}
     with _single_process_quiet():
-        dcp.load(state, checkpoint_id=str(path))  # strict: a weight the checkpoint lacks is an error
-        set_model_state_dict(model, state["model"])
+        # strict: a weight the checkpoint lacks is an error; tied names fill in through the shared tensor
+        dcp.load(_untied(weights), storage_reader=dcp.HuggingFaceStorageReader(str(path / WEIGHTS)))
+        set_model_state_dict(model, weights)
+        dcp.load(state, checkpoint_id=str(path))
         scheduler.load_state_dict(state["scheduler"])
         if state["extra"].pop("has_optim"):
             # partial: a parameter that had no gradient before the save has no AdamW state in it
@@ -79,13 +125,3 @@ def load_train_state(model: torch.nn.Module, optimizer, scheduler, path: Path, e
             dcp.load(optim, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
             set_optimizer_state_dict(model, optimizer, optim["optim"])
     return state["extra"]
-
-
-def load_weights(model: torch.nn.Module, path: Path) -> None:
-    """Only the weights of a train-state folder, into a plain (unsharded) module: for export."""
-    import torch.distributed.checkpoint as dcp
-
-    state = {"model": model.state_dict()}
-    with _single_process_quiet():
-        dcp.load(state, checkpoint_id=str(path))
-    model.load_state_dict(state["model"])
