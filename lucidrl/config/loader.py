@@ -35,7 +35,16 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
+# keys an earlier release had, and what to write now
+RENAMED = {
+    "trainer.checkpoint_freq": "trainer.save_freq (`lucidrl sft` now saves the full training state and "
+    "resumes, with the same keys as `lucidrl train`)",
+}
+
+
 def _unknown_key_error(key: str, source: str, root: type) -> ConfigError:
+    if key in RENAMED and key not in _all_keys(root):
+        return ConfigError(f"config key '{key}' (from {source}) is gone: write {RENAMED[key]}")
     known = _all_keys(root)
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
     if not close:  # try the last component alone: `rollout.temprature` vs `temperature`
@@ -283,8 +292,11 @@ def _validate_sft(cfg: SFTConfig) -> None:
         raise ConfigError(
             f"data.batch_size={cfg.data.batch_size} is not divisible by micro_batch_size={cfg.micro_batch_size}"
         )
-    if cfg.trainer.test_freq < 0 or cfg.trainer.checkpoint_freq < 0:
-        raise ConfigError("trainer.test_freq and trainer.checkpoint_freq must be >= 0 (0: off)")
+    if cfg.trainer.test_freq < 0:
+        raise ConfigError(
+            f"trainer.test_freq={cfg.trainer.test_freq} must be >= 0 (0: only after the last step)"
+        )
+    _validate_checkpointing(cfg.trainer)
     _check_loggers(cfg.trainer.logger)
 
 

@@ -326,7 +326,11 @@ class SFTTrainerConfig:
     total_training_steps: int | None = None  # None: total_epochs over the training set
     max_time_s: float | None = None  # stop after this many seconds of training (checked between steps)
     test_freq: int = 0  # validation loss every N steps (and after the last); 0: only after the last
-    checkpoint_freq: int = 0  # a HuggingFace checkpoint every N steps; 0: only the final model
+    # checkpoints and resuming: the same keys and meaning as `lucidrl train`'s
+    save_freq: int = 0  # full training state every N steps in RUN_DIR/checkpoints (0: none)
+    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    resume_from_path: str | None = None
+    max_ckpt_to_keep: int | None = None
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     save_final_model: bool = True
     seed: int = 0

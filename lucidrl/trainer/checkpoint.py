@@ -1,4 +1,5 @@
-"""RL checkpoints: save every `trainer.save_freq` steps, resume where a run stopped, export to HuggingFace.
+"""Checkpoints of RL and SFT runs: save every `trainer.save_freq` steps, resume where a run stopped,
+export to HuggingFace.
 
 A checkpoint is `RUN_DIR/checkpoints/global_step_N/`:
 
@@ -6,14 +7,15 @@ A checkpoint is `RUN_DIR/checkpoints/global_step_N/`:
                            writes its own shard, so FSDP2 never gathers to save)
     actor/model/           the weights as a HuggingFace folder (safetensors, config.json, tokenizer):
     critic/model/          `from_pretrained` and `lucidrl eval` load it as it is
-    trainer_state.json     step, loader position, generation rounds, KL coefficient
+    trainer_state.json     kind ("rl", or "sft": `lucidrl sft` saves its model as the actor),
+                           step, loader position, generation rounds, KL coefficient
     rng.pt                 the trainer process's torch and Python RNG states
     config.yaml            the config the run had when it saved
 
 It is written under a `.tmp` name and renamed when complete; `checkpoints/latest` names the newest
 complete one, so a run killed mid-save resumes from the one before. Resuming restores all of the
 above in every worker group, then refuses if a key that gives the saved state its meaning changed
-(FROZEN_KEYS) and lists the keys that changed otherwise.
+(FROZEN_KEYS, SFT_FROZEN_KEYS) and lists the keys that changed otherwise.
 """
 
 from __future__ import annotations
@@ -52,6 +54,21 @@ FROZEN_KEYS = (
     "algorithm.adv_estimator",
     "trainer.seed",
 )
+
+# the same for `lucidrl sft`: the architecture, the rows and their order, the batch
+SFT_FROZEN_KEYS = (
+    "model.path",
+    "model.tokenizer_path",
+    "data.train_files",
+    "data.prompt_key",
+    "data.response_key",
+    "data.max_length",
+    "data.batch_size",
+    "data.shuffle",
+    "data.seed",
+    "trainer.seed",
+)
+COMMANDS = {"rl": "lucidrl train", "sft": "lucidrl sft"}  # which command wrote a checkpoint, by its kind
 
 # keys that differ between a run and its own resume by nature: not worth announcing
 RESUME_KEYS = ("trainer.resume_mode", "trainer.resume_from_path", "trainer.overwrite")
@@ -158,6 +175,12 @@ def _step_of(path: Path) -> int:
     return int(path.name.removeprefix(PREFIX))
 
 
+def saved_line(path: Path, seconds: float) -> str:
+    """What a finished save prints: where, how big, how long."""
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+    return f"checkpoint {path} ({size:.1f} MiB) in {seconds:.1f} s"
+
+
 def write_trainer_state(path: Path, state: dict[str, Any], config: dict[str, Any]) -> None:
     (path / STATE).write_text(json.dumps(state, indent=2) + "\n")
     (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -167,15 +190,24 @@ def write_trainer_state(path: Path, state: dict[str, Any], config: dict[str, Any
     torch.save(rng, path / "rng.pt")
 
 
-def resumable(path: Path, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
-    """(trainer state, config changes worth announcing) of resuming from `path` with `config`; refuses
-    (CheckpointError) a change to a key the saved state depends on."""
+def resumable(
+    path: Path, config: dict[str, Any], *, kind: str = "rl"
+) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
+    """(trainer state, config changes worth announcing) of resuming a `kind` run ("rl" or "sft") from
+    `path` with `config`; refuses (CheckpointError) another command's checkpoint, or a change to a key
+    the saved state depends on."""
     state = json.loads((path / STATE).read_text())
+    saved = state.get("kind", "rl")
+    if saved != kind:
+        raise CheckpointError(
+            f"{path} is a checkpoint of `{COMMANDS[saved]}`, and this is `{COMMANDS[kind]}`: resume it with "
+            f"`{COMMANDS[saved]}`, or start from its weights with model.path={path / 'actor' / 'model'}"
+        )
     for role in ("actor", "critic"):
         if role == "actor" or (path / role).exists():
             check_train_state(path / role)
     changes = config_changes(yaml.safe_load((path / "config.yaml").read_text()), config)
-    refuse_frozen_changes(changes, path)
+    refuse_frozen_changes(changes, path, SFT_FROZEN_KEYS if kind == "sft" else FROZEN_KEYS)
     return state, {k: v for k, v in changes.items() if k not in RESUME_KEYS}
 
 
@@ -204,8 +236,10 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, 
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
-def refuse_frozen_changes(changes: dict[str, tuple[Any, Any]], path: Path) -> None:
-    frozen = {k: v for k, v in changes.items() if k in FROZEN_KEYS}
+def refuse_frozen_changes(
+    changes: dict[str, tuple[Any, Any]], path: Path, keys: tuple[str, ...] = FROZEN_KEYS
+) -> None:
+    frozen = {k: v for k, v in changes.items() if k in keys}
     if frozen:
         listed = "; ".join(f"{k}: {old!r} in the checkpoint, {new!r} now" for k, (old, new) in frozen.items())
         raise CheckpointError(
@@ -222,7 +256,7 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     writes it as save_pretrained would (one `model.safetensors`, tied weights once). OUT must be new or
     empty; with `overwrite`, an existing model folder (holding config.json) is replaced.
     """
-    from lucidrl.config import config_from_dict
+    from lucidrl.config import LucidConfig, config_from_dict
     from lucidrl.models import load_model, load_tokenizer
     from lucidrl.models.loading import DTYPES
     from lucidrl.models.saving import save_hf_folder
@@ -240,8 +274,13 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
                 f"OUT={str(out)!r} is not a HuggingFace model folder (no config.json, or it holds checkpoints); "
                 "--overwrite only replaces a model folder: give a new folder"
             )
+    from lucidrl.config import SFTConfig
+
+    kind = json.loads((ckpt / STATE).read_text()).get("kind", "rl")
     cfg = config_from_dict(
-        yaml.safe_load((ckpt / "config.yaml").read_text()), source=str(ckpt / "config.yaml")
+        yaml.safe_load((ckpt / "config.yaml").read_text()),
+        source=str(ckpt / "config.yaml"),
+        schema=SFTConfig if kind == "sft" else LucidConfig,
     )
     weights = ckpt / "actor" / WEIGHTS
     if not (weights / "config.json").is_file():

@@ -259,10 +259,8 @@ class PPOTrainer:
                 if collapse is None:
                     began = time.perf_counter()
                     path = self.save_checkpoint()
-                    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
-                    self.tracker.console.print(
-                        f"[dim]lucidrl:[/dim] checkpoint {path} ({size:.1f} MiB) in {time.perf_counter() - began:.1f} s"
-                    )
+                    line = checkpoint.saved_line(path, time.perf_counter() - began)
+                    self.tracker.console.print(f"[dim]lucidrl:[/dim] {line}")
                 else:  # its weights may be collapsed, or a restored earlier step's next to later optimizer state
                     self.tracker.console.print(
                         f"[dim]lucidrl:[/dim] no checkpoint at step {self.global_step}, which collapsed; a resume "
@@ -292,6 +290,7 @@ class PPOTrainer:
         for group in self.workers.groups:
             group.save_checkpoint(str(tmp))
         state = {
+            "kind": "rl",
             "global_step": self.global_step,
             "batches_drawn": self.batches_drawn,
             "generation_rounds": self.collector.rounds,

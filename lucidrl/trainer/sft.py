@@ -1,4 +1,5 @@
-"""Supervised fine-tuning: cross-entropy on response tokens, checkpoints, validation loss."""
+"""Supervised fine-tuning: cross-entropy on response tokens, validation loss, checkpoints and resuming
+(the RL trainer's: `trainer.save_freq`, `trainer.resume_mode`, `lucidrl export`)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,18 @@ import torch
 import torch.nn.functional as F
 
 from lucidrl.config import SFTConfig
+from lucidrl.config.loader import to_dict
 from lucidrl.data.sft_dataset import IGNORE, collate_sft, load_sft_rows, sft_batches
 from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
 from lucidrl.models.loading import DTYPES
 from lucidrl.models.precision import autocast_dtype, compute_context
 from lucidrl.models.saving import save_hf_folder
-from lucidrl.trainer.setup import prepare_run_dir, seed_everything
+from lucidrl.trainer import checkpoint
+from lucidrl.trainer.setup import prepare_run_dir, run_dir_of, seed_everything
 from lucidrl.trainer.tracking import Tracker
 from lucidrl.workers.actor import NonFiniteLossError
 from lucidrl.workers.optim import build_optimizer, clip_grad
+from lucidrl.workers.train_state import load_train_state, save_train_state
 
 SFT_CONSOLE_KEYS = [
     ("sft/loss", "loss"),
@@ -51,7 +55,9 @@ class SFTTrainer:
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         seed_everything(cfg.trainer.seed)
-        self.run_dir = prepare_run_dir(cfg)
+        self.run_dir = run_dir_of(cfg)
+        resume = checkpoint.resume_point(cfg, self.run_dir)
+        prepare_run_dir(cfg, keep=resume is not None and self.run_dir.resolve() in resume.resolve().parents)
         m, d = cfg.model, cfg.data
         self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
         self.model = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
@@ -70,7 +76,17 @@ class SFTTrainer:
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim)
         self.tracker = Tracker(cfg.trainer.logger, self.run_dir, console_keys=SFT_CONSOLE_KEYS)
         self.global_step = 0
+        self.batches_drawn = 0  # batches taken from the shuffled epochs so far (a resume skips them)
         self.last_val: dict[str, float] = {}
+        self.resumed_from: Path | None = None
+        self.resume_changes: dict[str, tuple] = {}
+        if resume is not None:
+            self.resume(resume)
+            self.tracker.console.print(
+                f"[dim]lucidrl:[/dim] resumed from {resume} after step {self.global_step}: weights, optimizer, "
+                "LR schedule, data position and RNG restored"
+                + "".join(f"; {k} {old!r} -> {new!r}" for k, (old, new) in self.resume_changes.items())
+            )
 
     def _autocast(self):
         m = self.cfg.model
@@ -122,13 +138,20 @@ class SFTTrainer:
         self.last_val = {"val/loss": loss / tokens, "val/token_acc": correct / tokens}
         return self.last_val
 
+    def _batches(self):
+        d = self.cfg.data
+        for position, rows in enumerate(
+            sft_batches(self.train_rows, d.batch_size, shuffle=d.shuffle, seed=d.seed), start=1
+        ):
+            if position > self.batches_drawn:  # after a resume, the batches before are skipped
+                self.batches_drawn = position
+                yield rows
+
     def fit(self) -> Path:
         t = self.cfg.trainer
-        batches = sft_batches(
-            self.train_rows, self.cfg.data.batch_size, shuffle=self.cfg.data.shuffle, seed=self.cfg.data.seed
-        )
+        batches = self._batches()
         start = time.perf_counter()
-        for _ in range(self.total_steps):
+        while self.global_step < self.total_steps:
             self.global_step += 1
             t0 = time.perf_counter()
             metrics = self.step(next(batches))
@@ -138,9 +161,12 @@ class SFTTrainer:
             last = self.global_step == self.total_steps or out_of_time
             if (t.test_freq and self.global_step % t.test_freq == 0) or last:
                 metrics.update(self.validate())
-            if t.checkpoint_freq and self.global_step % t.checkpoint_freq == 0:
-                self.save_checkpoint()
             self.tracker.log(metrics, step=self.global_step)
+            if t.save_freq and (self.global_step % t.save_freq == 0 or last):
+                began = time.perf_counter()
+                path = self.save_checkpoint()
+                line = checkpoint.saved_line(path, time.perf_counter() - began)
+                self.tracker.console.print(f"[dim]lucidrl:[/dim] {line}")
             if out_of_time:
                 self.tracker.console.print(
                     f"[dim]lucidrl:[/dim] stopped at step {self.global_step}: "
@@ -155,7 +181,27 @@ class SFTTrainer:
     def save(self, path: Path) -> None:
         save_hf_folder(self.model, self.tokenizer, path)
 
-    def save_checkpoint(self) -> None:
-        ckpt_dir = self.run_dir / "checkpoints"
-        self.save(ckpt_dir / f"step_{self.global_step}")
-        (ckpt_dir / "latest").write_text(f"step_{self.global_step}\n")
+    def save_checkpoint(self) -> Path:
+        """The model (as the actor), AdamW state, LR schedule, data position and RNG: a resumable step."""
+        tmp = checkpoint.begin(self.run_dir, self.global_step)
+        save_train_state(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            tmp / "actor",
+            {},
+            config=self.model.config,
+            tokenizer=self.tokenizer,
+        )
+        state = {"kind": "sft", "global_step": self.global_step, "batches_drawn": self.batches_drawn}
+        checkpoint.write_trainer_state(tmp, state, to_dict(self.cfg))
+        return checkpoint.commit(tmp, self.cfg.trainer.max_ckpt_to_keep)
+
+    def resume(self, path: Path) -> None:
+        state, self.resume_changes = checkpoint.resumable(path, to_dict(self.cfg), kind="sft")
+        checkpoint.restore_rng(path)
+        load_train_state(self.model, self.optimizer, self.scheduler, path / "actor", {})
+        self.global_step = state["global_step"]
+        self.batches_drawn = state["batches_drawn"]
+        self.resumed_from = path
+        checkpoint.drop_metrics_after(self.run_dir, self.global_step)
