@@ -60,12 +60,33 @@ def _steps(run_dir) -> list[int]:
 def test_a_stopped_and_resumed_run_ends_where_an_uninterrupted_one_does(
     tmp_path, kk_data, tiny_model, capsys
 ):
-    straight = _train(tmp_path, kk_data, tiny_model, "straight", "trainer.total_training_steps=4")
-    # the same run, stopped after 2 steps (checkpoint every 2) and started again with the full length
-    _train(tmp_path, kk_data, tiny_model, "resumed", "trainer.total_training_steps=2", "trainer.save_freq=2")
-    resumed = _train(
-        tmp_path, kk_data, tiny_model, "resumed", "trainer.total_training_steps=4", "trainer.save_freq=2"
+    watch = (
+        "trainer.collapse.enable=true",
+        "trainer.collapse.action=warn",
+        "trainer.collapse.max_score_drop=5",
     )
+    straight = _train(tmp_path, kk_data, tiny_model, "straight", "trainer.total_training_steps=4", *watch)
+    # the same run, stopped after 2 steps (checkpoint every 2) and started again with the full length
+    _train(
+        tmp_path,
+        kk_data,
+        tiny_model,
+        "resumed",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=2",
+        *watch,
+    )
+    resumed = _train(
+        tmp_path,
+        kk_data,
+        tiny_model,
+        "resumed",
+        "trainer.total_training_steps=4",
+        "trainer.save_freq=2",
+        *watch,
+    )
+    assert resumed.monitor.state_dict() == straight.monitor.state_dict()  # its windows came back too
+    assert len(straight.monitor.first_scores) == 3  # baseline_steps: a window still filling at the save
     assert resumed.resumed_from == tmp_path / "resumed" / "checkpoints" / "global_step_2"
     assert resumed.resume_changes == {"trainer.total_training_steps": (2, 4)}
     out = capsys.readouterr().out

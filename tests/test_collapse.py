@@ -123,3 +123,24 @@ def test_reports_once():
 def test_config_errors_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         config_from_dict({"trainer": {"collapse": override}})
+
+
+def test_a_resumed_monitor_reports_where_an_uninterrupted_one_does():
+    """The windows travel in the checkpoint's JSON: a sign that began before the save still counts."""
+    import json
+
+    cfg = CollapseConfig(patience=3, baseline_steps=2, min_mixed_groups_ratio=0.25, max_score_drop=0.5)
+    rows = [
+        {"critic/groups_with_mixed_scores": v, "critic/score/mean": s}
+        for v, s in [(0.6, 1.0), (0.8, 1.2), (0.5, 1.5), (0.1, 1.4), (0.1, 1.3), (0.1, 1.2), (0.1, 1.1)]
+    ]
+    straight = _feed(CollapseMonitor(cfg), rows)
+    assert straight[5] is not None and straight[5].onset_step == 4
+    first = CollapseMonitor(cfg)
+    _feed(first, rows[:4])  # saved after step 4, one bad step into the sign
+    resumed = CollapseMonitor(cfg)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    after = [resumed.update(step, m) for step, m in enumerate(rows[4:], start=5)]
+    assert after[1] is not None and after[1].message() == straight[5].message()
+    afresh = CollapseMonitor(cfg)  # what a resume without the windows saw: a new baseline, no sign yet
+    assert [afresh.update(step, m) for step, m in enumerate(rows[4:], start=5)] == [None] * 3

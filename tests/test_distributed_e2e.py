@@ -137,6 +137,31 @@ def test_fsdp2_on_ray_stopped_and_resumed_matches_the_uninterrupted_local_run(
 
 
 @pytest.mark.slow
+def test_a_resumed_ray_run_samples_what_the_uninterrupted_one_did(tmp_path, kk_data, tiny_model):
+    """rollout.deterministic=false draws from each rank's process RNG: the checkpoint carries every rank's."""
+    ray = (
+        "trainer.backend=ray",
+        "trainer.strategy=ddp",
+        "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
+        "rollout.deterministic=false",
+    )
+    straight = _train(tmp_path, kk_data, tiny_model, "straight", *ray)
+    _train(
+        tmp_path,
+        kk_data,
+        tiny_model,
+        "resumed",
+        *ray,
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=1",
+    )
+    step1 = tmp_path / "resumed" / "checkpoints" / "global_step_1"
+    assert sorted(p.name for p in (step1 / "rng").iterdir()) == ["rank_0.pt", "rank_1.pt"]
+    resumed = _train(tmp_path, kk_data, tiny_model, "resumed", *ray, "trainer.save_freq=1")
+    _compare(straight, resumed)
+
+
+@pytest.mark.slow
 def test_two_node_processes_joined_by_ray_address(local_run, tmp_path, kk_data, tiny_model):
     """A head and a second node process on loopback (Ray's own multi-node test harness), one rank on each."""
     os.environ["RAY_AUTH_MODE"] = "disabled"

@@ -10,6 +10,7 @@ A checkpoint is `RUN_DIR/checkpoints/global_step_N/`:
     trainer_state.json     kind ("rl", or "sft": `lucidrl sft` saves its model as the actor),
                            step, loader position, generation rounds, KL coefficient
     rng.pt                 the trainer process's torch and Python RNG states
+    rng/rank_R.pt          each worker rank's (with Ray, its own process; sampling draws from it)
     config.yaml            the config the run had when it saved
 
 It is written under a `.tmp` name and renamed when complete; `checkpoints/latest` names the newest
@@ -23,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,12 @@ from typing import Any
 import torch
 import yaml
 
-from lucidrl.workers.train_state import CheckpointError, check_train_state
+from lucidrl.workers.train_state import (
+    CheckpointError,
+    check_train_state,
+    process_rng_state,
+    set_process_rng_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -184,10 +189,7 @@ def saved_line(path: Path, seconds: float) -> str:
 def write_trainer_state(path: Path, state: dict[str, Any], config: dict[str, Any]) -> None:
     (path / STATE).write_text(json.dumps(state, indent=2) + "\n")
     (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()  # the local backend samples on this process's GPUs
-    torch.save(rng, path / "rng.pt")
+    torch.save(process_rng_state(), path / "rng.pt")
 
 
 def resumable(
@@ -213,11 +215,7 @@ def resumable(
 
 def restore_rng(path: Path) -> None:
     """This process's RNG states as the checkpoint saved them."""
-    rng = torch.load(path / "rng.pt", weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    random.setstate(rng["python"])
+    set_process_rng_state(torch.load(path / "rng.pt", weights_only=False))
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -93,6 +93,16 @@ class CollapseMonitor:
         self.reported = True
         return CollapseReport(step=step, onset_step=self.bad_since, reasons=signs)
 
+    STATE = ("baseline_mixed", "first_scores", "best_score_ema", "score_ema", "bad_since", "reported")
+
+    def state_dict(self) -> dict:
+        """Its windows and counters, as JSON-able values: a resumed run watches on where it stopped."""
+        return {k: getattr(self, k) for k in self.STATE}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in self.STATE:
+            setattr(self, k, state[k])
+
     @property
     def healthy(self) -> bool:
         """No sign this step: the weights after it are a safe snapshot to fall back on."""

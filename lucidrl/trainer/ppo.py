@@ -148,8 +148,7 @@ class PPOTrainer:
         if self.resumed_from is not None:
             lines.append(
                 f"resumed from {self.resumed_from} after step {self.global_step} ({self.batches_drawn} batches "
-                "into the data): weights, optimizer, LR schedule, KL coefficient and RNG restored; the collapse "
-                "monitor starts its windows afresh"
+                "into the data): weights, optimizer, LR schedule, KL coefficient, collapse monitor and RNG restored"
                 + (f"; changed since: {_changes(self.resume_changes)}" if self.resume_changes else "")
             )
         if self.loader.dropped_per_epoch:
@@ -295,6 +294,7 @@ class PPOTrainer:
             "batches_drawn": self.batches_drawn,
             "generation_rounds": self.collector.rounds,
             "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
+            "collapse_monitor": self.monitor.state_dict(),
         }
         checkpoint.write_trainer_state(tmp, state, to_dict(self.cfg))
         return checkpoint.commit(tmp, self.cfg.trainer.max_ckpt_to_keep)
@@ -310,6 +310,7 @@ class PPOTrainer:
         self.collector.rounds = state["generation_rounds"]
         if self.kl_ctrl is not None and state["kl_coef"] is not None:
             self.kl_ctrl.value = state["kl_coef"]
+        self.monitor.load_state_dict(state["collapse_monitor"])
         self.resumed_from = path
         self.healthy_step = self.global_step  # keep_last_healthy's snapshot starts from the resumed weights
         checkpoint.drop_metrics_after(self.run_dir, self.global_step)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import random
 import sys
 from pathlib import Path
 
@@ -38,7 +39,12 @@ from lucidrl.models.saving import save_hf_folder
 from lucidrl.workers.actor import ActorWorker, ReferenceWorker
 from lucidrl.workers.critic import CriticWorker, load_value_model
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams, eos_token_ids
-from lucidrl.workers.train_state import load_train_state, save_train_state
+from lucidrl.workers.train_state import (
+    load_train_state,
+    process_rng_state,
+    save_train_state,
+    set_process_rng_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +59,11 @@ class PolicyWorker:
         self.roles = roles
         self.rank = dist_info.rank if dist_info else 0
         self.world_size = dist_info.world_size if dist_info else 1
+        if dist_info is not None:
+            # a process of its own (a Ray actor): seeded, or its sampling would differ from run to run
+            # and every rank would draw the same numbers; in-process, the trainer has seeded already
+            random.seed(cfg.trainer.seed + self.rank)
+            torch.manual_seed(cfg.trainer.seed + self.rank)
         self.device = device
         if dist_info is not None and dist_info.world_size > 1:
             seconds = init_process_group(dist_info)
@@ -260,6 +271,9 @@ class PolicyWorker:
                     tokenizer=self.tokenizer,  # the critic reads the actor's tokens: the same one
                 )
                 saved.append(role)
+        # this process's RNG (sampling with rollout.deterministic=false): with Ray every rank has its own
+        (Path(path) / "rng").mkdir(exist_ok=True)
+        torch.save(process_rng_state(), Path(path) / "rng" / f"rank_{self.rank}.pt")
         return saved
 
     @dispatch(Dispatch.ALL)
@@ -275,6 +289,16 @@ class PolicyWorker:
                 if hasattr(worker, "nonfinite_skipped"):
                     worker.nonfinite_skipped = int(extra["nonfinite_skipped"])
                 loaded.append(role)
+        rng = Path(path) / "rng" / f"rank_{self.rank}.pt"
+        if rng.is_file():
+            set_process_rng_state(torch.load(rng, weights_only=False))
+        else:  # weights and optimizer state reshard; a rank the save did not have samples from its seed
+            log.warning(
+                "%s is missing (saved with fewer ranks): rank %d's sampling RNG is not restored, so with "
+                "rollout.deterministic=false it samples differently than an uninterrupted run would",
+                rng,
+                self.rank,
+            )
         if self.actor is not None:
             self.sync_rollout()
         return loaded

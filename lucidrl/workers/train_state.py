@@ -13,6 +13,7 @@ decides when to save and what to resume.
 
 from __future__ import annotations
 
+import random
 import shutil
 import warnings
 from contextlib import contextmanager
@@ -38,6 +39,21 @@ def _single_process_quiet():
             "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
         )
         yield
+
+
+def process_rng_state() -> dict[str, Any]:
+    """This process's torch (CPU and CUDA) and Python RNG states."""
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def set_process_rng_state(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    random.setstate(rng["python"])
 
 
 def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
