@@ -15,6 +15,31 @@ def _cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_data_countdown(args: argparse.Namespace) -> int:
+    from lucidrl.data.countdown import write_countdown_parquet
+    from lucidrl.diagnostics.errors import UsageError
+
+    parts = str(args.numbers).split("-")
+    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+        raise UsageError(f"--numbers {args.numbers!r} is not understood: write 'N' or 'LO-HI' (e.g. '3-4')")
+    try:
+        info = write_countdown_parquet(
+            args.out,
+            n_train=args.train,
+            n_val=args.val,
+            numbers=(int(parts[0]), int(parts[-1])),
+            max_number=args.max_number,
+            max_target=args.max_target,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    print(
+        f"wrote {info['n_train']} train and {info['n_val']} val Countdown puzzles to {info['train']} and {info['val']}"
+    )
+    return 0
+
+
 def _cmd_data_kk(args: argparse.Namespace) -> int:
     from lucidrl.data.kk import parse_people_range, write_kk_parquet
     from lucidrl.diagnostics.errors import UsageError
@@ -271,6 +296,16 @@ def build_parser() -> argparse.ArgumentParser:
     sft.set_defaults(fn=_cmd_sft)
 
     data = sub.add_parser("data", help="generate task data").add_subparsers(dest="task", required=True)
+    cd = data.add_parser("countdown", help="Countdown puzzles (TinyZero's task) as verl-schema parquet")
+    cd.add_argument("--numbers", default="3-4", help="numbers per puzzle: '3' or a range '3-4' (2 to 4)")
+    cd.add_argument("--max-number", type=int, default=99, help="numbers are drawn from 1..N (default 99)")
+    cd.add_argument("--max-target", type=int, default=100, help="targets are 1..N (default 100)")
+    cd.add_argument("--train", type=int, default=1000)
+    cd.add_argument("--val", type=int, default=100)
+    cd.add_argument("--seed", type=int, default=0)
+    cd.add_argument("--out", required=True, help="folder for train.parquet and val.parquet")
+    cd.set_defaults(fn=_cmd_data_countdown)
+
     kk = data.add_parser("kk", help="Knights & Knaves puzzles as verl-schema parquet")
     kk.add_argument("--people", default="2-4", help="number of people: '3' or a range '2-4'")
     kk.add_argument("--train", type=int, default=1000)

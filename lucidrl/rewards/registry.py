@@ -13,7 +13,7 @@ import difflib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from lucidrl.rewards import gsm8k, kk
+from lucidrl.rewards import countdown, gsm8k, kk, math
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,6 +27,12 @@ REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "kk": kk.compute_score,
     "openai/gsm8k": gsm8k.compute_score,
     "gsm8k": gsm8k.compute_score,
+    # verl's MATH sources
+    "lighteval/MATH": math.compute_score,
+    "DigitalLearningGmbH/MATH-lighteval": math.compute_score,
+    "HuggingFaceH4/MATH-500": math.compute_score,
+    "math": math.compute_score,
+    "countdown": countdown.compute_score,  # TinyZero's
 }
 
 

@@ -1,0 +1,132 @@
+"""The rule rewards verl and TinyZero users expect beyond K&K and GSM8K: MATH (\\boxed, normalised) and
+Countdown (an expression over the given numbers), and the Countdown puzzle generator."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from lucidrl.cli import main
+from lucidrl.data.countdown import generate_puzzles, response_text, solutions
+from lucidrl.data.dataset import load_prompts
+from lucidrl.rewards import countdown, math
+from lucidrl.rewards.registry import default_compute_score
+
+
+@pytest.mark.parametrize(
+    "response, truth, score",
+    [
+        ("so \\boxed{\\dfrac12}.", "\\frac{1}{2}", 1.0),
+        ("\\boxed{0.5}", "\\frac{1}{2}", 1.0),
+        ("\\boxed{1/2}", "\\frac12", 1.0),
+        ("\\boxed{-3/4}", "-\\frac{3}{4}", 1.0),
+        ("\\boxed{.5}", "0.5", 1.0),
+        ("\\boxed{\\left( 3, 4 \\right)}", "(3,4)", 1.0),
+        ("\\boxed{x = 5}", "5", 1.0),
+        ("\\boxed{10\\text{ cm}}", "10", 1.0),
+        ("\\boxed{90^\\circ}", "90", 1.0),
+        ("\\boxed{50\\%}", "50", 1.0),
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", 1.0),
+        ("\\boxed{\\{1,2\\}}", "\\{1,2\\}", 1.0),  # nested braces inside the box
+        ("\\boxed 5$", "5", 1.0),
+        ("\\fbox{7}", "7", 1.0),
+        ("first \\boxed{3}, then \\boxed{4}", "4", 1.0),  # the last box is the answer
+        ("first \\boxed{4}, then \\boxed{3}", "4", 0.0),
+        ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 0.0),  # no algebra: equal values written differently
+        ("\\boxed{3", "3", 0.0),  # a box that never closes
+        ("the answer is 5", "5", 0.0),
+        ("\\boxed{5}", "The area is $\\boxed{5}$.", 1.0),  # a full reference solution: its box
+    ],
+)
+def test_math_reward_compares_the_last_box_after_normalisation(response, truth, score):
+    assert default_compute_score("lighteval/MATH", response, truth) == score
+
+
+def test_math_reward_names_a_ground_truth_it_cannot_read():
+    with pytest.raises(ValueError, match="MATH ground_truth must be the answer as text"):
+        math.compute_score("\\boxed{1}", {"answer": "1"})
+
+
+GT = {"target": 24, "numbers": [4, 6, 1]}
+
+
+@pytest.mark.parametrize(
+    "response, score, acc",
+    [
+        ("<think>4*6=24</think> <answer>4 * 6 * 1</answer>", 1.0, 1.0),
+        ("<answer> (4 * 6) / 1 </answer>", 1.0, 1.0),
+        ("<answer>4 × 6 ÷ 1</answer>", 1.0, 1.0),
+        ("<answer>1</answer> then <answer>4*6*1</answer>", 1.0, 1.0),  # the last answer counts
+        ("<answer>4*6</answer>", 0.1, 0.0),  # a number left out
+        ("<answer>4*6*1*1</answer>", 0.1, 0.0),  # a number used twice
+        ("<answer>4+6+1</answer>", 0.1, 0.0),  # another value
+        ("<answer>4*6*1 = 24</answer>", 0.1, 0.0),  # TinyZero's rule: the expression alone
+        ("<answer>4**6*1</answer>", 0.1, 0.0),  # no powers
+        ("<answer>4/(1-1)*6</answer>", 0.1, 0.0),
+        ("<answer>1.0*24</answer>", 0.1, 0.0),
+        ("<answer>__import__('os').system('true')</answer>", 0.1, 0.0),  # never evaluated as Python
+        ("4 * 6 * 1", 0.0, 0.0),  # no <answer>
+    ],
+)
+def test_countdown_reward(response, score, acc):
+    out = default_compute_score("countdown", response, GT)
+    assert (out["score"], out["acc"]) == (score, acc)
+
+
+def test_countdown_evaluates_exactly_and_names_a_bad_ground_truth():
+    # (1/3)*3 is exactly 1 on fractions; floats would make it 0.9999999999999999
+    assert (
+        countdown.compute_score("<answer>(1/3)*3*8</answer>", {"target": 8, "numbers": [1, 3, 3, 8]})["acc"]
+        == 1.0
+    )
+    with pytest.raises(ValueError, match="countdown ground_truth must be"):
+        countdown.compute_score("<answer>1</answer>", 24)
+    with pytest.raises(ValueError, match="must be a non-empty list of integers"):
+        countdown.compute_score("<answer>1</answer>", {"target": 1, "numbers": [1.5]})
+
+
+def test_every_generated_puzzle_is_solved_by_its_own_response_and_distinct():
+    puzzles = generate_puzzles(60, numbers=(3, 4), seed=3)
+    assert {len(p["numbers"]) for p in puzzles} == {3, 4}
+    keys = {(tuple(sorted(p["numbers"])), p["target"]) for p in puzzles}
+    assert len(keys) == 60
+    for p in puzzles:
+        assert 1 <= p["target"] <= 100 and all(1 <= n <= 99 for n in p["numbers"])
+        gt = {"target": p["target"], "numbers": p["numbers"]}
+        assert countdown.compute_score(response_text(p), gt)["score"] == 1.0, p
+    # the solver finds what is reachable, and only that
+    reach = solutions([2, 3])
+    assert sorted(reach) == [-1, 1, 5, 6]  # 2+3, 2*3, 3-2, 2-3 (2/3, 3/2 are not integers)
+    assert solutions([5, 5])[1][1] == "5 / 5"
+
+
+def test_data_countdown_writes_parquet_the_trainer_loads_and_scores(tmp_path, tiny_tokenizer, capsys):
+    out = tmp_path / "cd"
+    assert (
+        main(["data", "countdown", "--train", "12", "--val", "4", "--numbers", "3", "--out", str(out)]) == 0
+    )
+    assert "wrote 12 train and 4 val Countdown puzzles" in capsys.readouterr().out
+    train = pq.read_table(out / "train.parquet").to_pylist()
+    val = pq.read_table(out / "val.parquet").to_pylist()
+    assert len(train) == 12 and len(val) == 4
+    assert not {
+        (
+            tuple(sorted(r["reward_model"]["ground_truth"]["numbers"])),
+            r["reward_model"]["ground_truth"]["target"],
+        )
+        for r in train
+    } & {
+        (
+            tuple(sorted(r["reward_model"]["ground_truth"]["numbers"])),
+            r["reward_model"]["ground_truth"]["target"],
+        )
+        for r in val
+    }
+    samples, _ = load_prompts([str(out / "train.parquet")], tiny_tokenizer, max_prompt_length=4096)
+    for sample, row in zip(samples, train, strict=True):
+        assert sample.data_source == "countdown"
+        assert default_compute_score(sample.data_source, row["response"], sample.ground_truth)["acc"] == 1.0
+    assert main(["data", "countdown", "--numbers", "5", "--out", str(tmp_path / "x")]) == 2
+    assert "expected a range within 2-4" in capsys.readouterr().err
+    assert main(["data", "countdown", "--numbers", "three", "--out", str(tmp_path / "x")]) == 2
+    assert "--numbers 'three' is not understood" in capsys.readouterr().err
