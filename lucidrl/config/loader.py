@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import types
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -257,10 +258,32 @@ def validate(cfg: Any) -> None:
         _validate_rl(cfg)
 
 
+# trainer.logger backends: the module each needs and the extra that installs it (None: built in)
+LOGGERS: dict[str, tuple[str, str] | None] = {
+    "console": None,
+    "jsonl": None,
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+}
+
+
+def missing_logger_packages(backends: list[str]) -> list[str]:
+    """A line per chosen tracker whose package is not installed, saying what to install."""
+    return [
+        f"trainer.logger has {name!r} but {need[0]} is not installed: pip install 'lucidrl[{need[1]}]'"
+        for name, need in LOGGERS.items()
+        if need is not None and name in backends and importlib.util.find_spec(need[0]) is None
+    ]
+
+
 def _check_loggers(backends: list[str]) -> None:
-    bad = [x for x in backends if x not in ("console", "jsonl")]
+    bad = [x for x in backends if x not in LOGGERS]
     if bad:
-        raise ConfigError(f"trainer.logger has unknown backend(s) {bad}; available: console, jsonl")
+        raise ConfigError(f"trainer.logger has unknown backend(s) {bad}; available: {', '.join(LOGGERS)}")
+    missing = missing_logger_packages(backends)
+    if missing:
+        raise ConfigError("; ".join(missing))
 
 
 def _validate_precision(m: Any) -> None:

@@ -74,9 +74,8 @@ class PPOTrainer:
         setup.seed_everything(cfg.trainer.seed)
         self.run_dir = setup.run_dir_of(cfg)
         resume = checkpoint.resume_point(cfg, self.run_dir)
-        setup.prepare_run_dir(
-            cfg, keep=resume is not None and self.run_dir.resolve() in resume.resolve().parents
-        )
+        in_place = resume is not None and self.run_dir.resolve() in resume.resolve().parents
+        setup.prepare_run_dir(cfg, keep=in_place)
         self.workers = setup.build_workers(cfg)
         tok = self.workers.tokenizer
         self.train_samples, self.val_samples, self.filter_report = setup.load_data(cfg, tok)
@@ -90,7 +89,14 @@ class PPOTrainer:
         self.total_steps = (
             cfg.trainer.total_training_steps or self.loader.steps_per_epoch * cfg.trainer.total_epochs
         )
-        self.tracker = Tracker(cfg.trainer.logger, self.run_dir)
+        self.tracker = Tracker(
+            cfg.trainer.logger,
+            self.run_dir,
+            project=cfg.trainer.project_name,
+            experiment=cfg.trainer.experiment_name,
+            config=to_dict(cfg),
+            resuming=in_place,  # W&B and MLflow continue the runs they logged to
+        )
         self.collector = BatchCollector(
             cfg, self.workers.actor, self.workers.reward, self._batches(), pad_token_id=tok.pad_token_id
         )

@@ -57,7 +57,8 @@ class SFTTrainer:
         seed_everything(cfg.trainer.seed)
         self.run_dir = run_dir_of(cfg)
         resume = checkpoint.resume_point(cfg, self.run_dir)
-        prepare_run_dir(cfg, keep=resume is not None and self.run_dir.resolve() in resume.resolve().parents)
+        in_place = resume is not None and self.run_dir.resolve() in resume.resolve().parents
+        prepare_run_dir(cfg, keep=in_place)
         m, d = cfg.model, cfg.data
         self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
         self.model = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
@@ -74,7 +75,15 @@ class SFTTrainer:
         steps_per_epoch = len(self.train_rows) // d.batch_size
         self.total_steps = cfg.trainer.total_training_steps or steps_per_epoch * cfg.trainer.total_epochs
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim)
-        self.tracker = Tracker(cfg.trainer.logger, self.run_dir, console_keys=SFT_CONSOLE_KEYS)
+        self.tracker = Tracker(
+            cfg.trainer.logger,
+            self.run_dir,
+            console_keys=SFT_CONSOLE_KEYS,
+            project=cfg.trainer.project_name,
+            experiment=cfg.trainer.experiment_name,
+            config=to_dict(cfg),
+            resuming=in_place,  # W&B and MLflow continue the runs they logged to
+        )
         self.global_step = 0
         self.batches_drawn = 0  # batches taken from the shuffled epochs so far (a resume skips them)
         self.last_val: dict[str, float] = {}

@@ -1,12 +1,24 @@
-"""Where metrics go: the console and `metrics.jsonl` in the run directory."""
+"""Where metrics go (`trainer.logger`): the console, `metrics.jsonl` in the run directory, and the
+trackers people already use — TensorBoard, Weights & Biases, MLflow (optional extras).
+
+TensorBoard writes under RUN_DIR/tensorboard. W&B and MLflow take their usual settings from the
+environment (WANDB_MODE, WANDB_API_KEY, MLFLOW_TRACKING_URI, ...); the project is
+`trainer.project_name`, the run name `trainer.experiment_name`, and the config goes with the run.
+Their run ids are kept in RUN_DIR/tracking_runs.json, so a run resumed in its own directory keeps
+logging into the same W&B and MLflow runs.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
+
+from lucidrl.config.loader import missing_logger_packages
 
 # the few numbers worth a glance on each console line; everything is in metrics.jsonl
 CONSOLE_KEYS = [
@@ -28,6 +40,88 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
+IDS_FILE = "tracking_runs.json"
+
+
+def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    """The metrics a tracker can plot: numbers (NaN kept: it is news), not None or text."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+class _TensorBoard:
+    def __init__(self, run_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.where = f"TensorBoard: {run_dir / 'tensorboard'}"
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _Wandb:
+    def __init__(
+        self, run_dir: Path, ids: dict[str, str], project: str, experiment: str, config: dict | None
+    ):
+        import wandb
+
+        self.run = wandb.init(
+            project=project,
+            name=experiment,
+            id=ids.get("wandb"),
+            resume="allow" if ids.get("wandb") else None,
+            config=config,
+            dir=str(run_dir),
+        )
+        ids["wandb"] = self.run.id
+        self.where = f"W&B run {self.run.id} ({getattr(self.run, 'url', None) or 'offline'})"
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step, commit=True)  # a step is complete when the trainer logs it
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+# MLflow refuses metric names outside these characters
+_MLFLOW_NAME = re.compile(r"[^\w\-. :/]")
+
+
+class _MLflow:
+    def __init__(self, ids: dict[str, str], project: str, experiment: str, config: dict | None):
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_experiment(project)
+        resumed = ids.get("mlflow")
+        self.run = mlflow.start_run(run_id=resumed, run_name=None if resumed else experiment)
+        if config is not None and not resumed:
+            mlflow.log_params({k: str(v)[:6000] for k, v in _flatten(config).items()})
+        ids["mlflow"] = self.run.info.run_id
+        self.where = f"MLflow run {self.run.info.run_id} at {mlflow.get_tracking_uri()}"
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.mlflow.log_metrics({_MLFLOW_NAME.sub("_", k): v for k, v in metrics.items()}, step=step)
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 class Tracker:
     """Writes every metric dict to the chosen backends (`trainer.logger`)."""
 
@@ -37,11 +131,33 @@ class Tracker:
         run_dir: Path,
         console: Console | None = None,
         console_keys: list[tuple[str, str]] | None = None,
+        *,
+        project: str = "lucidrl",
+        experiment: str = "run",
+        config: dict | None = None,
+        resuming: bool = False,
     ):
+        """`resuming`: the run continues in `run_dir`, so W&B and MLflow continue the runs they logged to."""
         self.backends = backends
         self.console_keys = console_keys or CONSOLE_KEYS
         self.console = console or Console(highlight=False)
         self.jsonl = open(run_dir / "metrics.jsonl", "a") if "jsonl" in backends else None  # noqa: SIM115
+        missing = missing_logger_packages(backends)  # a config built without load_config
+        if missing:
+            raise RuntimeError("; ".join(missing))
+        ids_path = Path(run_dir) / IDS_FILE
+        ids = json.loads(ids_path.read_text()) if resuming and ids_path.is_file() else {}
+        self.external: list[Any] = []
+        if "tensorboard" in backends:
+            self.external.append(_TensorBoard(Path(run_dir)))
+        if "wandb" in backends:
+            self.external.append(_Wandb(Path(run_dir), ids, project, experiment, config))
+        if "mlflow" in backends:
+            self.external.append(_MLflow(ids, project, experiment, config))
+        if ids:
+            ids_path.write_text(json.dumps(ids, indent=2) + "\n")
+        for tracker in self.external:
+            self.console.print(f"[dim]lucidrl:[/dim] logging to {tracker.where}")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.jsonl is not None:
@@ -51,6 +167,9 @@ class Tracker:
             }
             self.jsonl.write(json.dumps(record) + "\n")
             self.jsonl.flush()
+        numbers = _numbers(metrics) if self.external else {}
+        for tracker in self.external:
+            tracker.log(numbers, step)
         if "console" in self.backends:
             val = {k: v for k, v in metrics.items() if k.startswith("val/")}
             train = [f"{short}={_fmt(metrics[k])}" for k, short in self.console_keys if k in metrics]
@@ -65,3 +184,5 @@ class Tracker:
     def close(self) -> None:
         if self.jsonl is not None:
             self.jsonl.close()
+        for tracker in self.external:
+            tracker.close()

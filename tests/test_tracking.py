@@ -1,0 +1,107 @@
+"""trainer.logger: TensorBoard, W&B (offline) and MLflow (a local sqlite store) get what metrics.jsonl
+gets, and a run resumed in its own directory keeps logging into the same W&B and MLflow runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from lucidrl.config import ConfigError, SFTConfig, load_config
+from lucidrl.trainer.sft import SFTTrainer
+from lucidrl.trainer.tracking import IDS_FILE, Tracker
+
+
+@pytest.fixture
+def trackers_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+def _sft(tmp_path, kk_data, tiny_model, steps: int, *extra: str) -> SFTTrainer:
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model['path']}",
+            f"data.train_files=[{kk_data['train']}]",
+            "data.batch_size=8",
+            "micro_batch_size=8",
+            "optim.lr=1e-3",
+            "trainer.logger=[jsonl,tensorboard,wandb,mlflow]",
+            "trainer.project_name=lucidrl-tests",
+            "trainer.experiment_name=sft-tracked",
+            f"trainer.run_dir={tmp_path / 'run'}",
+            f"trainer.total_training_steps={steps}",
+            "trainer.save_freq=2",
+            *extra,
+        ],
+        schema=SFTConfig,
+    )
+    trainer = SFTTrainer(cfg)
+    trainer.fit()
+    return trainer
+
+
+def test_every_tracker_gets_the_metrics_and_a_resume_continues_the_same_runs(
+    tmp_path, kk_data, tiny_model, trackers_offline, capsys
+):
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = _sft(tmp_path, kk_data, tiny_model, 2)
+    ids = json.loads((first.run_dir / IDS_FILE).read_text())
+    assert set(ids) == {"wandb", "mlflow"}
+    out = capsys.readouterr().out
+    assert "logging to TensorBoard:" in out and f"W&B run {ids['wandb']}" in out and "MLflow run" in out
+    resumed = _sft(tmp_path, kk_data, tiny_model, 4)  # resumes from step 2 in the same directory
+    assert resumed.resumed_from is not None
+    assert json.loads((resumed.run_dir / IDS_FILE).read_text()) == ids  # the same W&B and MLflow runs
+    assert (
+        len(list((resumed.run_dir / "wandb").glob(f"offline-run-*-{ids['wandb']}"))) == 2
+    )  # two sessions, one id
+
+    logged = [json.loads(line) for line in (resumed.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [1, 2, 3, 4]
+    history = MlflowClient().get_metric_history(ids["mlflow"], "sft/loss")
+    assert [(m.step, m.value) for m in history] == [(r["step"], r["sft/loss"]) for r in logged]
+    params = MlflowClient().get_run(ids["mlflow"]).data.params
+    assert params["optim.lr"] == "0.001" and params["data.batch_size"] == "8"
+
+    events = EventAccumulator(str(resumed.run_dir / "tensorboard"))
+    events.Reload()
+    scalars = events.Scalars("sft/loss")
+    assert [s.step for s in scalars] == [1, 2, 3, 4]
+    assert all(
+        abs(s.value - r["sft/loss"]) <= 1e-6 * abs(r["sft/loss"])
+        for s, r in zip(scalars, logged, strict=True)
+    )
+
+
+def test_wandb_receives_each_step(tmp_path, trackers_offline):
+    tracker = Tracker(["wandb"], tmp_path, project="p", experiment="e", config={"a": {"b": 1}})
+    wandb_run = tracker.external[0].run
+    tracker.log({"critic/score/mean": 0.25, "val/kk/acc": 0.5, "note": None}, step=1)
+    tracker.log({"critic/score/mean": 0.75}, step=2)
+    assert wandb_run.summary["critic/score/mean"] == 0.75 and wandb_run.summary["val/kk/acc"] == 0.5
+    assert "note" not in wandb_run.summary.keys()  # only numbers go to a tracker
+    assert wandb_run.config["a"] == {"b": 1}
+    tracker.close()
+
+
+def test_a_tracker_that_is_not_installed_is_a_config_error(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"trainer.logger has 'wandb' but wandb is not installed: pip install 'lucidrl\[wandb\]'",
+    ):
+        load_config(None, ["model.path=/m", "data.train_files=[/t]", "trainer.logger=[console,wandb]"])
+    with pytest.raises(
+        ConfigError, match="unknown backend.*'neptune'.*available: console, jsonl, tensorboard, wandb, mlflow"
+    ):
+        load_config(None, ["model.path=/m", "data.train_files=[/t]", "trainer.logger=[neptune]"])
