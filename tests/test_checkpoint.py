@@ -108,6 +108,20 @@ def test_a_stopped_and_resumed_run_ends_where_an_uninterrupted_one_does(
             "actor/lr",
         ):
             assert x[key] == y[key], (x["step"], key, x[key], y[key])
+    # a changed trainer.collapse gives the saved windows another meaning: the monitor starts afresh
+    again = _train(
+        tmp_path,
+        kk_data,
+        tiny_model,
+        "resumed",
+        "trainer.total_training_steps=5",
+        *watch,
+        "trainer.collapse.baseline_steps=2",
+    )
+    assert again.resumed_from.name == "global_step_4" and len(again.monitor.first_scores) == 1
+    assert "the collapse monitor starts afresh: trainer.collapse changed" in " ".join(
+        capsys.readouterr().out.split()
+    )
 
 
 def test_saving_during_the_critic_warm_up_changes_nothing_and_resumes_exactly(tmp_path, kk_data, tiny_model):
@@ -204,6 +218,10 @@ def test_saves_are_atomic_pruned_and_the_latest_is_resumed(tmp_path, kk_data, ti
         str(step3 / "critic" / "model"), local_files_only=True
     )
     assert critic.config.num_labels == 1 and critic.score.weight.abs().sum() > 0  # trained from a zero head
+    assert critic.config.architectures == ["Qwen2ForTokenClassification"]  # what loads it, not the LM's class
+    base = json.loads(open(f"{tiny_model['path']}/generation_config.json").read())
+    saved = json.loads((step3 / "actor" / "model" / "generation_config.json").read_text())
+    assert saved["eos_token_id"] == base["eos_token_id"]  # the base model's stop ids travel with the weights
     assert sorted(p.name for p in (step3 / "critic" / "model").glob("*.safetensors")) == [
         "model-00001-of-00001.safetensors"
     ]

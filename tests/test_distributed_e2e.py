@@ -156,7 +156,10 @@ def test_a_resumed_ray_run_samples_what_the_uninterrupted_one_did(tmp_path, kk_d
         "trainer.save_freq=1",
     )
     step1 = tmp_path / "resumed" / "checkpoints" / "global_step_1"
-    assert sorted(p.name for p in (step1 / "rng").iterdir()) == ["rank_0.pt", "rank_1.pt"]
+    assert sorted(p.name for p in (step1 / "rng").iterdir()) == [
+        "actor+reference+rollout_rank_0.pt",  # per group: separately placed roles are other processes
+        "actor+reference+rollout_rank_1.pt",
+    ]
     resumed = _train(tmp_path, kk_data, tiny_model, "resumed", *ray, "trainer.save_freq=1")
     _compare(straight, resumed)
 

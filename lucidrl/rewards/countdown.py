@@ -19,7 +19,6 @@ from numbers import Integral
 from typing import Any
 
 FORMAT_SCORE = 0.1
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _OPS = {
     ast.Add: Fraction.__add__,
     ast.Sub: Fraction.__sub__,
@@ -36,8 +35,9 @@ class NotAnExpression(ValueError):
 
 def extract_answer(solution_str: str) -> str | None:
     """The text of the last <answer>...</answer>, stripped; None when there is none."""
-    found = _ANSWER.findall(solution_str)
-    return found[-1].strip() if found else None
+    end = solution_str.rfind("</answer>")  # from the end: a regex rescans after every unclosed tag
+    start = solution_str.rfind("<answer>", 0, end) if end >= 0 else -1
+    return solution_str[start + len("<answer>") : end].strip() if start >= 0 else None
 
 
 def _value(node: ast.AST, used: list[int]) -> Fraction:

@@ -77,6 +77,7 @@ def normalize(answer: str) -> str:
     s = _braced_fracs(s)
     if s == "0.5":
         s = "\\frac{1}{2}"
+    s = re.sub(r"^\\frac\{-(\d+)\}\{(\d+)\}$", r"-\\frac{\1}{\2}", s)  # the sign outside, as in -3/4
     return _slash_to_frac(s)
 
 

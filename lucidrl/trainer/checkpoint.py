@@ -10,7 +10,7 @@ A checkpoint is `RUN_DIR/checkpoints/global_step_N/`:
     trainer_state.json     kind ("rl", or "sft": `lucidrl sft` saves its model as the actor),
                            step, loader position, generation rounds, KL coefficient
     rng.pt                 the trainer process's torch and Python RNG states
-    rng/rank_R.pt          each worker rank's (with Ray, its own process; sampling draws from it)
+    rng/GROUP_rank_R.pt    each worker rank's, per worker group (with Ray, its own process; sampling draws from it)
     config.yaml            the config the run had when it saved
 
 It is written under a `.tmp` name and renamed when complete; `checkpoints/latest` names the newest

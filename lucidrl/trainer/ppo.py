@@ -155,6 +155,11 @@ class PPOTrainer:
             lines.append(
                 f"resumed from {self.resumed_from} after step {self.global_step} ({self.batches_drawn} batches "
                 "into the data): weights, optimizer, LR schedule, KL coefficient, collapse monitor and RNG restored"
+                + (
+                    " (the collapse monitor starts afresh: trainer.collapse changed)"
+                    if any(k.startswith("trainer.collapse.") for k in self.resume_changes)
+                    else ""
+                )
                 + (f"; changed since: {_changes(self.resume_changes)}" if self.resume_changes else "")
             )
         if self.loader.dropped_per_epoch:
@@ -316,7 +321,8 @@ class PPOTrainer:
         self.collector.rounds = state["generation_rounds"]
         if self.kl_ctrl is not None and state["kl_coef"] is not None:
             self.kl_ctrl.value = state["kl_coef"]
-        self.monitor.load_state_dict(state["collapse_monitor"])
+        if not any(k.startswith("trainer.collapse.") for k in self.resume_changes):
+            self.monitor.load_state_dict(state["collapse_monitor"])  # else its windows mean other things
         self.resumed_from = path
         self.healthy_step = self.global_step  # keep_last_healthy's snapshot starts from the resumed weights
         checkpoint.drop_metrics_after(self.run_dir, self.global_step)

@@ -199,7 +199,7 @@ class SFTTrainer:
             self.scheduler,
             tmp / "actor",
             {},
-            config=self.model.config,
+            hf_model=self.model,
             tokenizer=self.tokenizer,
         )
         state = {"kind": "sft", "global_step": self.global_step, "batches_drawn": self.batches_drawn}

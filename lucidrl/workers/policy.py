@@ -59,11 +59,9 @@ class PolicyWorker:
         self.roles = roles
         self.rank = dist_info.rank if dist_info else 0
         self.world_size = dist_info.world_size if dist_info else 1
-        if dist_info is not None:
-            # a process of its own (a Ray actor): seeded, or its sampling would differ from run to run
-            # and every rank would draw the same numbers; in-process, the trainer has seeded already
-            random.seed(cfg.trainer.seed + self.rank)
-            torch.manual_seed(cfg.trainer.seed + self.rank)
+        if dist_info is not None:  # in-process, the trainer has seeded already
+            random.seed(cfg.trainer.seed)  # every rank builds the same weights (any random init included)
+            torch.manual_seed(cfg.trainer.seed)
         self.device = device
         if dist_info is not None and dist_info.world_size > 1:
             seconds = init_process_group(dist_info)
@@ -139,6 +137,11 @@ class PolicyWorker:
                 world_size=self.world_size,
                 compute_dtype=compute,
             )
+        if dist_info is not None:
+            # a process of its own (a Ray actor): seeded per rank once the models are built, or its
+            # sampling would differ from run to run and every rank would draw the same numbers
+            random.seed(cfg.trainer.seed + self.rank)
+            torch.manual_seed(cfg.trainer.seed + self.rank)
 
     def _make_rollout(self, model: torch.nn.Module):
         r, m = self.cfg.rollout, self.cfg.model
@@ -253,6 +256,10 @@ class PolicyWorker:
         self._need("actor", self.actor).model.load_state_dict(snapshot)
         return self.sync_rollout()
 
+    def _rng_file(self, path: str) -> Path:
+        """This rank's RNG file: per group (separately placed roles are other processes) and rank."""
+        return Path(path) / "rng" / f"{'+'.join(sorted(self.roles))}_rank_{self.rank}.pt"
+
     @dispatch(Dispatch.ALL)
     def save_checkpoint(self, path: str) -> list[str]:
         """Every rank writes its share of the actor's and critic's training state under `path`
@@ -267,13 +274,13 @@ class PolicyWorker:
                     worker.scheduler,
                     Path(path) / role,
                     extra,
-                    config=unwrap(worker.model).config,
+                    hf_model=unwrap(worker.model),
                     tokenizer=self.tokenizer,  # the critic reads the actor's tokens: the same one
                 )
                 saved.append(role)
         # this process's RNG (sampling with rollout.deterministic=false): with Ray every rank has its own
         (Path(path) / "rng").mkdir(exist_ok=True)
-        torch.save(process_rng_state(), Path(path) / "rng" / f"rank_{self.rank}.pt")
+        torch.save(process_rng_state(), self._rng_file(path))
         return saved
 
     @dispatch(Dispatch.ALL)
@@ -289,7 +296,7 @@ class PolicyWorker:
                 if hasattr(worker, "nonfinite_skipped"):
                     worker.nonfinite_skipped = int(extra["nonfinite_skipped"])
                 loaded.append(role)
-        rng = Path(path) / "rng" / f"rank_{self.rank}.pt"
+        rng = self._rng_file(path)
         if rng.is_file():
             set_process_rng_state(torch.load(rng, weights_only=False))
         else:  # weights and optimizer state reshard; a rank the save did not have samples from its seed

@@ -73,13 +73,39 @@ def _is_writer() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
+def _write_model_files(hf_model, folder: Path, tokenizer) -> None:
+    """What save_pretrained writes beside the weights: config.json (naming the class that loads them),
+    generation_config.json, the code of a trust_remote_code model, and the tokenizer."""
+    import copy
+
+    from transformers.dynamic_module_utils import custom_object_save
+
+    config = copy.deepcopy(hf_model.config)
+    config.architectures = [type(hf_model).__name__.removeprefix("FSDP")]  # FSDP2 renames the class
+    if getattr(hf_model, "_auto_class", None) is not None:
+        custom_object_save(hf_model, folder, config=config)
+    config.save_pretrained(folder)
+    generation = getattr(hf_model, "generation_config", None)
+    if generation is not None and hf_model.can_generate():
+        generation.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+
+
 def save_train_state(
-    model: torch.nn.Module, optimizer, scheduler, path: Path, extra: dict[str, Any], *, config, tokenizer=None
+    model: torch.nn.Module,
+    optimizer,
+    scheduler,
+    path: Path,
+    extra: dict[str, Any],
+    *,
+    hf_model,
+    tokenizer=None,
 ) -> None:
     """Weights (a HuggingFace folder), optimizer and schedule of one trained model (collective).
 
-    `config` (the model's PretrainedConfig) and `tokenizer` complete the weights into a folder that
-    `from_pretrained` loads. An optimizer that has not stepped yet (the actor during
+    `hf_model` (the HuggingFace module under any DDP wrapper) and `tokenizer` complete the weights
+    into a folder that `from_pretrained` loads. An optimizer that has not stepped yet (the actor during
     critic.warmup_steps) is saved as absent: asking torch for its state dict would create the state
     with a zero-gradient step, and the first real update would then be AdamW's second.
     """
@@ -100,9 +126,7 @@ def save_train_state(
         dcp.save(state, checkpoint_id=str(path))
     if _is_writer():
         shutil.rmtree(weights / "sharded", ignore_errors=True)  # the per-rank files, now joined
-        config.save_pretrained(weights)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(weights)
+        _write_model_files(hf_model, weights, tokenizer)
 
 
 def check_train_state(path: Path) -> None:
