@@ -370,9 +370,28 @@ def _validate_checkpointing(t: Any) -> None:
         )
 
 
+def _validate_reward_model(rm: Any) -> None:
+    """reward_model: a path when on, nothing read when off."""
+    if rm.enable and not rm.model.path:
+        raise ConfigError(
+            "reward_model.enable=true needs reward_model.model.path (a sequence-classification checkpoint "
+            "with num_labels=1)"
+        )
+    if not rm.enable and rm.model.path:
+        raise ConfigError(
+            f"reward_model.model.path={rm.model.path!r} is only read with reward_model.enable=true; set it, "
+            "or drop the path"
+        )
+    if rm.micro_batch_size < 1:
+        raise ConfigError(f"reward_model.micro_batch_size={rm.micro_batch_size} must be >= 1")
+    if rm.max_length is not None and rm.max_length < 2:
+        raise ConfigError(f"reward_model.max_length={rm.max_length} must be >= 2, or null for no limit")
+
+
 def _validate_rl(cfg: LucidConfig) -> None:
     """Batch arithmetic, ranges and names that must exist in a registry."""
     _validate_checkpointing(cfg.trainer)
+    _validate_reward_model(cfg.reward_model)
     _positive(
         cfg,
         "data.train_batch_size",

@@ -192,6 +192,32 @@ class CriticConfig:
 
 
 @dataclass
+class RewardModelModelConfig:
+    path: str | None = None  # a sequence-classification checkpoint with one output (num_labels=1)
+    # its tokenizer (default: the reward model's folder); when it differs from the policy's (vocabulary
+    # or chat template), each prompt and response is rendered again with its chat template
+    tokenizer_path: str | None = None
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    trust_remote_code: bool = False
+
+
+@dataclass
+class RewardModelConfig:
+    """A learned reward (verl's reward_model): scores prompt + response; the score sits on the last
+    response token, as a rule reward's does."""
+
+    enable: bool = False
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    micro_batch_size: int = 16  # sequences per forward
+    # longer sequences (after re-rendering with another tokenizer) lose their start: counted in
+    # reward_model/truncated; null: no limit
+    max_length: int | None = None
+    # replace: the reward model's score is the reward (verl's behaviour; no rule function is called);
+    # add: rule score + reward-model score
+    combine: Literal["replace", "add"] = "replace"
+
+
+@dataclass
 class CustomRewardFunctionConfig:
     path: str | None = (
         None  # a .py file defining compute_score(data_source, solution_str, ground_truth, extra_info)
@@ -288,7 +314,10 @@ class PlacementConfig:
     rollout: RolePlacementConfig = field(default_factory=RolePlacementConfig)
     reference: RolePlacementConfig = field(default_factory=RolePlacementConfig)
     critic: RolePlacementConfig = field(default_factory=RolePlacementConfig)
-    colocate: list[list[str]] = field(default_factory=lambda: [["actor", "rollout", "reference", "critic"]])
+    reward_model: RolePlacementConfig = field(default_factory=RolePlacementConfig)
+    colocate: list[list[str]] = field(
+        default_factory=lambda: [["actor", "rollout", "reference", "critic", "reward_model"]]
+    )
 
 
 @dataclass
@@ -300,6 +329,7 @@ class LucidConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from lucidrl.config import ConfigError, LucidConfig
 
-ROLES = ("actor", "rollout", "reference", "critic")
+ROLES = ("actor", "rollout", "reference", "critic", "reward_model")
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ def active_roles(cfg: LucidConfig) -> list[str]:
         roles.append("reference")
     if cfg.algorithm.adv_estimator == "gae":
         roles.append("critic")
+    if cfg.reward_model.enable:
+        roles.append("reward_model")
     return roles
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ class PromptSample:
     extra_info: dict[str, Any]
     assistant_prefix: str
     source: str  # "file:row", for error messages
+    messages: list[dict[str, str]] = field(default_factory=list)  # the chat as written, for re-rendering
 
 
 @dataclass
@@ -134,6 +135,7 @@ def load_prompts(
                     extra_info=dict(extra) if isinstance(extra, dict) else {"value": extra},
                     assistant_prefix=prefix,
                     source=f"{file}:{i}",
+                    messages=messages,
                 )
             )
     if report.overlong_filtered:
@@ -164,6 +166,7 @@ def collate(samples: list[PromptSample], pad_token_id: int, uid_offset: int = 0)
             "ground_truth": [s.ground_truth for s in samples],
             "extra_info": [s.extra_info for s in samples],
             "assistant_prefix": [s.assistant_prefix for s in samples],
+            "raw_prompt": [s.messages for s in samples],
             "uid": [f"p{uid_offset + i}" for i in range(len(samples))],
         },
     )

@@ -626,6 +626,48 @@ def check_data(cfg: Any, tokenizer: Any) -> tuple[Check, list]:
     return Check("data", "ok", detail), train + val
 
 
+def check_reward_model(cfg: Any, policy_tokenizer: Any) -> Check:
+    """reward_model.model.path: a one-output classifier with a score head in its weights (headers only)."""
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from lucidrl.models.inspection import _safetensors_shapes
+    from lucidrl.models.loading import load_tokenizer
+    from lucidrl.workers.reward_model import same_tokenizer
+
+    m = cfg.reward_model.model
+    config = AutoConfig.from_pretrained(m.path, local_files_only=True, trust_remote_code=m.trust_remote_code)
+    arch = ", ".join(getattr(config, "architectures", None) or ["(no architectures in config.json)"])
+    found = _safetensors_shapes(Path(m.path))
+    heads = {k: v for k, v in (found[1] if found else {}).items() if k.endswith("score.weight")}
+    fix = "point reward_model.model.path at a *ForSequenceClassification checkpoint with num_labels=1"
+    if not heads:
+        return Check(
+            "reward model", "fail", f"{m.path}: {arch} with no score.weight in its safetensors weights", fix
+        )
+    shape = next(iter(heads.values()))
+    if shape[0] != 1:
+        return Check("reward model", "fail", f"{m.path}: {arch} whose score head has {shape[0]} outputs", fix)
+    tokenizer = load_tokenizer(m.tokenizer_path or m.path, config_key="reward_model.model.tokenizer_path")
+    if same_tokenizer(tokenizer, policy_tokenizer):
+        how = "the policy's tokenizer: the rollout's token ids are scored as they are"
+    elif getattr(tokenizer, "chat_template", None):
+        how = "another tokenizer: each conversation is rendered again with its chat template"
+    else:
+        return Check(
+            "reward model",
+            "fail",
+            f"{m.path}: its tokenizer differs from the policy's and has no chat template",
+            "give reward_model.model.tokenizer_path a tokenizer with a chat template (or the policy's)",
+        )
+    return Check(
+        "reward model",
+        "ok",
+        f"{arch}, score head {shape[0]} x {shape[1]}, combine={cfg.reward_model.combine}; {how}",
+    )
+
+
 def check_rewards(cfg: Any, samples: list) -> Check:
     from lucidrl.rewards.custom import load_custom_function, normalize_reward_output
     from lucidrl.rewards.manager import RewardFunctionError
@@ -721,9 +763,14 @@ def _config_checks(cfg: Any, needs: Needs, words: str, add: Callable[[str, Calla
         add(f"model ({key})", lambda path=path, key=key: check_model(cfg, tokenizer, path, key))
     if cfg.rollout.name == "server":
         add("rollout server", lambda: check_rollout_server(cfg, tokenizer))
+    if cfg.reward_model.enable:
+        add("reward model", lambda: check_reward_model(cfg, tokenizer))
     samples = add("data", lambda: check_data(cfg, tokenizer))
     if samples is None:
         add("rewards", lambda: Check("", "skip", "needs the data, which failed"))
+        return
+    if cfg.reward_model.enable and cfg.reward_model.combine == "replace":
+        add("rewards", lambda: Check("", "skip", "reward_model.combine=replace: no rule function is called"))
         return
     add("rewards", lambda: check_rewards(cfg, samples))
 

@@ -22,6 +22,8 @@ class RewardFunctionError(RuntimeError):
 class RuleRewardManager:
     """Decodes each response, calls `compute_score`, and puts the score on its last response token."""
 
+    score_is_accuracy = True  # without an "acc" extra, a rule's score is its accuracy (GSM8K's 0/1)
+
     def __init__(
         self, tokenizer, compute_score: ComputeScore | None = None, name: str = "default_compute_score"
     ):

@@ -20,6 +20,7 @@ from lucidrl.data.dataset import FilterReport, PromptSample, load_prompts
 from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.models import load_tokenizer
 from lucidrl.rewards.manager import RuleRewardManager
+from lucidrl.trainer.rewards import ModelRewardScorer
 from lucidrl.workers.policy import PolicyWorker
 from lucidrl.workers.rollout_hf import SamplingParams
 
@@ -38,7 +39,7 @@ class Workers:
     actor: WorkerGroup  # hosts actor and rollout (and whatever else is colocated with them)
     reference: WorkerGroup | None
     critic: WorkerGroup | None
-    reward: RuleRewardManager
+    reward: RuleRewardManager | ModelRewardScorer  # score(batch): the rule functions and/or the reward model
     groups: list[WorkerGroup]
 
     def shutdown(self) -> None:
@@ -144,6 +145,8 @@ def build_workers(cfg: LucidConfig) -> Workers:
             groups[role] = group
     fn = cfg.reward.custom_function
     reward = RuleRewardManager.from_config(tokenizer, fn.path, fn.name)
+    if cfg.reward_model.enable:
+        reward = ModelRewardScorer(groups["reward_model"], reward, cfg.reward_model.combine)
     return Workers(
         tokenizer,
         groups["actor"],

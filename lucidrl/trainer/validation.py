@@ -1,7 +1,7 @@
 """Validation: generate on held-out prompts, score, and report reward and accuracy per data source.
 
-Accuracy is the reward function's "acc" metric when it returns one (K&K does), else the score itself
-(GSM8K-style 0/1 rewards). K&K samples also report accuracy per number of people, the table Logic-RL
+Accuracy is the reward function's "acc" metric when it returns one (K&K does), else the rule's score
+itself (GSM8K-style 0/1 rewards); a reward model's score is never called accuracy. K&K samples also report accuracy per number of people, the table Logic-RL
 publishes.
 """
 
@@ -39,7 +39,7 @@ def validate(
         scored.append(batch)
     batch = Batch.concat(scored)
     seq_scores = batch["token_level_scores"].sum(-1).tolist()
-    acc = extras.get("acc", seq_scores)
+    acc = extras.get("acc") or (seq_scores if reward.score_is_accuracy else [float("nan")] * len(seq_scores))
     lengths = batch["response_mask"].sum(-1).tolist()
     groups: dict[str, list[int]] = defaultdict(list)
     for i, ds in enumerate(batch["data_source"]):

@@ -38,6 +38,7 @@ from lucidrl.models.precision import autocast_dtype
 from lucidrl.models.saving import save_hf_folder
 from lucidrl.workers.actor import ActorWorker, ReferenceWorker
 from lucidrl.workers.critic import CriticWorker, load_value_model
+from lucidrl.workers.reward_model import RewardModelWorker
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams, eos_token_ids
 from lucidrl.workers.train_state import (
     load_train_state,
@@ -76,7 +77,7 @@ class PolicyWorker:
         dtype = DTYPES[m.dtype]
         compute = self.compute_dtype = autocast_dtype(m.dtype, m.compute_dtype)  # bf16 over fp32 weights
         self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
-        self.actor = self.rollout = self.reference = self.critic = None
+        self.actor = self.rollout = self.reference = self.critic = self.reward_model = None
         sharded = self.world_size > 1
         a = cfg.actor
         ref_max_tokens = a.log_prob_max_token_len_per_gpu if a.use_dynamic_bsz else None
@@ -137,6 +138,8 @@ class PolicyWorker:
                 world_size=self.world_size,
                 compute_dtype=compute,
             )
+        if "reward_model" in roles:
+            self.reward_model = RewardModelWorker.from_config(cfg.reward_model, self.tokenizer, self.device)
         if dist_info is not None:
             # a process of its own (a Ray actor): seeded per rank once the models are built, or its
             # sampling would differ from run to run and every rank would draw the same numbers
@@ -220,6 +223,10 @@ class PolicyWorker:
     @dispatch(Dispatch.DP)
     def compute_values(self, batch: Batch) -> Batch:
         return self._need("critic", self.critic).compute_values(batch)
+
+    @dispatch(Dispatch.DP)
+    def compute_rm_score(self, batch: Batch) -> Batch:
+        return self._need("reward_model", self.reward_model).compute_rm_score(batch)
 
     @dispatch(Dispatch.DP_EXACT)
     def update_actor(self, batch: Batch) -> dict[str, float]:
