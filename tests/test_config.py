@@ -41,7 +41,7 @@ def test_unknown_key_in_file_names_the_file(tmp_path):
         ("algorithm.adv_estimator=grpoo", "algorithm.adv_estimator.*grpo"),
         ("actor.loss_agg_mode=token_mean", "actor.loss_agg_mode.*token-mean"),
         ("rollout.n=0", "rollout.n' must be > 0"),
-        ("trainer.logger=[wandb]", "unknown backend"),
+        ("trainer.logger=[neptune]", "unknown backend"),
         ("rollout=3", "is a section"),
     ],
 )

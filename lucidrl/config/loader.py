@@ -388,10 +388,36 @@ def _validate_reward_model(rm: Any) -> None:
         raise ConfigError(f"reward_model.max_length={rm.max_length} must be >= 2, or null for no limit")
 
 
+def _validate_lora(cfg: LucidConfig) -> None:
+    """model.lora_*: what the LoRA actor supports so far, and peft installed."""
+    m = cfg.model
+    if m.lora_rank < 0:
+        raise ConfigError(f"model.lora_rank={m.lora_rank} must be >= 0 (0: train every weight)")
+    if not m.lora_rank:
+        return
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError(
+            f"model.lora_rank={m.lora_rank} needs peft, which is not installed: pip install 'lucidrl[peft]'"
+        )
+    if not m.target_modules:
+        raise ConfigError("model.target_modules is empty: name the modules to adapt, or [all-linear]")
+    if cfg.rollout.name != "hf":
+        raise ConfigError(
+            f"model.lora_rank={m.lora_rank} with rollout.name={cfg.rollout.name}: the LoRA actor generates with "
+            "the hf engine for now (its adapters are not pushed to vllm or a server); set rollout.name=hf"
+        )
+    if cfg.trainer.backend == "ray" and cfg.trainer.strategy == "fsdp2":
+        raise ConfigError(
+            f"model.lora_rank={m.lora_rank} on Ray: the LoRA actor trains data-parallel with trainer.strategy=ddp "
+            "(FSDP2 sharding of peft modules is not supported yet)"
+        )
+
+
 def _validate_rl(cfg: LucidConfig) -> None:
     """Batch arithmetic, ranges and names that must exist in a registry."""
     _validate_checkpointing(cfg.trainer)
     _validate_reward_model(cfg.reward_model)
+    _validate_lora(cfg)
     _positive(
         cfg,
         "data.train_batch_size",

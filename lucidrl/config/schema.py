@@ -22,6 +22,12 @@ class ModelConfig:
     # log-prob passes, updates) with float32 master weights, gradients and optimizer state
     compute_dtype: Literal["float32", "bfloat16"] | None = None
     trust_remote_code: bool = False
+    # LoRA on the actor (peft; verl's lora_rank/lora_alpha/target_modules): 0 trains every weight. The
+    # reference stays the base model; checkpoints hold the adapter; the final model is merged.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])  # module names, or all-linear
 
 
 @dataclass

@@ -256,7 +256,8 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     """
     from lucidrl.config import LucidConfig, config_from_dict
     from lucidrl.models import load_model, load_tokenizer
-    from lucidrl.models.loading import DTYPES
+    from lucidrl.models.loading import DTYPES, ModelLoadError
+    from lucidrl.models.lora import ADAPTER
     from lucidrl.models.saving import save_hf_folder
     from lucidrl.workers.train_state import WEIGHTS
 
@@ -280,6 +281,21 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
         source=str(ckpt / "config.yaml"),
         schema=SFTConfig if kind == "sft" else LucidConfig,
     )
+    m = cfg.model
+    adapter = ckpt / "actor" / ADAPTER
+    if adapter.is_dir():  # LoRA: the adapters on the base model, merged
+        from peft import PeftModel
+
+        try:
+            base = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
+            tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
+        except ModelLoadError as exc:
+            raise ModelLoadError(
+                f"{exc}\n({ckpt} holds LoRA adapters only: export merges them into the run's base model, "
+                f"model.path={m.path!r}; run it from the folder the run started in)"
+            ) from exc
+        model = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+        return save_hf_folder(model, tokenizer, out)
     weights = ckpt / "actor" / WEIGHTS
     if not (weights / "config.json").is_file():
         raise CheckpointError(

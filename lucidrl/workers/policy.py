@@ -34,6 +34,7 @@ from lucidrl.controller.distributed import (
 from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
 from lucidrl.models.loading import DTYPES
+from lucidrl.models.lora import ADAPTER, apply_lora, is_lora, merged
 from lucidrl.models.precision import autocast_dtype
 from lucidrl.models.saving import save_hf_folder
 from lucidrl.workers.actor import ActorWorker, ReferenceWorker
@@ -97,6 +98,8 @@ class PolicyWorker:
                     compute_dtype=compute,
                     compiled=cfg.actor.use_torch_compile,
                 )
+            if m.lora_rank:  # after the reference copy: the reference stays the base model
+                model = apply_lora(model, m)
             # with one rank the hf rollout generates with the actor's own module; with several it gets
             # a full copy (FSDP2 shards the actor in place)
             rollout_model = copy.deepcopy(model) if sharded and cfg.rollout.name == "hf" else model
@@ -332,7 +335,11 @@ class PolicyWorker:
                 model = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
             if model is not unwrap(actor.model):
                 model.load_state_dict(state)
-            save_hf_folder(model, self.tokenizer, path)
+            if is_lora(model):  # a plain model with the adapters merged in, and the adapters beside it
+                save_hf_folder(merged(model), self.tokenizer, path)
+                model.save_pretrained(Path(path) / ADAPTER)
+            else:
+                save_hf_folder(model, self.tokenizer, path)
         return path
 
     @dispatch(Dispatch.ALL)

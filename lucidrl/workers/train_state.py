@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lucidrl.models.lora import ADAPTER, is_lora, load_adapter_state
+
 WEIGHTS = "model"  # the HuggingFace folder inside a role's checkpoint folder
 INDEX = "model.safetensors.index.json"  # what DCP's HuggingFace writer names the weight map
 
@@ -114,28 +116,35 @@ def save_train_state(
 
     weights = path / WEIGHTS
     sharded = dist.is_initialized() and dist.get_world_size() > 1
-    writer = dcp.HuggingFaceStorageWriter(
-        str(weights), save_distributed=sharded, enable_consolidation=sharded
-    )
+    lora = is_lora(hf_model)
     has_optim = bool(optimizer.state)
     state = {"scheduler": scheduler.state_dict(), "extra": {**extra, "has_optim": has_optim}}
     if has_optim:
         state["optim"] = get_optimizer_state_dict(model, optimizer)
     with _single_process_quiet():
-        dcp.save(_untied(get_model_state_dict(model)), storage_writer=writer)
+        if not lora:  # a LoRA actor saves its adapters alone (below): the base weights never change
+            writer = dcp.HuggingFaceStorageWriter(
+                str(weights), save_distributed=sharded, enable_consolidation=sharded
+            )
+            dcp.save(_untied(get_model_state_dict(model)), storage_writer=writer)
         dcp.save(state, checkpoint_id=str(path))
     if _is_writer():
-        shutil.rmtree(weights / "sharded", ignore_errors=True)  # the per-rank files, now joined
-        _write_model_files(hf_model, weights, tokenizer)
+        if lora:
+            hf_model.save_pretrained(path / ADAPTER)  # adapter_config.json, adapter_model.safetensors
+        else:
+            shutil.rmtree(weights / "sharded", ignore_errors=True)  # the per-rank files, now joined
+            _write_model_files(hf_model, weights, tokenizer)
 
 
 def check_train_state(path: Path) -> None:
     """CheckpointError unless `path` holds a complete training state as save_train_state writes it."""
-    if not (path / ".metadata").is_file() or not (path / WEIGHTS / INDEX).is_file():
+    weights = (path / WEIGHTS / INDEX).is_file() or (path / ADAPTER / "adapter_config.json").is_file()
+    if not (path / ".metadata").is_file() or not weights:
         raise CheckpointError(
             f"checkpoint folder {path} is missing or incomplete: it needs .metadata (optimizer state) and "
             f"{WEIGHTS}/{INDEX} (the weights as safetensors; checkpoints written before the weights moved "
-            "there keep them inside the .distcp files, and this version cannot resume them)"
+            f"there keep them inside the .distcp files, and this version cannot resume them), or {ADAPTER}/ "
+            "for a LoRA actor"
         )
 
 
@@ -151,12 +160,24 @@ def load_train_state(model: torch.nn.Module, optimizer, scheduler, path: Path, e
     )
 
     check_train_state(path)
-    weights = get_model_state_dict(model)
+    hf_model = getattr(model, "module", model)  # under DDP
+    if is_lora(hf_model) != (path / ADAPTER).is_dir():
+        raise CheckpointError(
+            f"{path} holds {'LoRA adapters' if (path / ADAPTER).is_dir() else 'full weights'}, but this run's "
+            f"model is {'a LoRA actor' if is_lora(hf_model) else 'trained whole'}: resume with the model.lora_rank "
+            "it was saved with"
+        )
     state: dict[str, Any] = {"scheduler": scheduler.state_dict(), "extra": {**extra, "has_optim": False}}
     with _single_process_quiet():
-        # strict: a weight the checkpoint lacks is an error; tied names fill in through the shared tensor
-        dcp.load(_untied(weights), storage_reader=dcp.HuggingFaceStorageReader(str(path / WEIGHTS)))
-        set_model_state_dict(model, weights)
+        if is_lora(hf_model):
+            from safetensors.torch import load_file
+
+            load_adapter_state(hf_model, load_file(path / ADAPTER / "adapter_model.safetensors"))
+        else:
+            # strict: a weight the checkpoint lacks is an error; tied names fill in through the shared tensor
+            weights = get_model_state_dict(model)
+            dcp.load(_untied(weights), storage_reader=dcp.HuggingFaceStorageReader(str(path / WEIGHTS)))
+            set_model_state_dict(model, weights)
         dcp.load(state, checkpoint_id=str(path))
         scheduler.load_state_dict(state["scheduler"])
         if state["extra"].pop("has_optim"):

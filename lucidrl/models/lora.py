@@ -1,0 +1,64 @@
+"""LoRA through peft: adapters on the actor, the base weights frozen; merged into a plain model to save.
+
+`model.lora_rank=r` wraps the actor in a peft model right after the reference is copied from the same
+base weights, so the reference (and its KL) is the base model. Only the adapters train, so AdamW holds
+state for them alone, and a checkpoint stores them as peft does (`adapter_config.json`,
+`adapter_model.safetensors`); the final model and `lucidrl export` merge them into the base weights.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+ADAPTER = "adapter"  # the adapter folder inside a role's checkpoint folder, or inside final/
+
+
+def is_lora(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def apply_lora(model: torch.nn.Module, m: Any) -> torch.nn.Module:
+    """`model` with LoRA adapters of rank m.lora_rank on m.target_modules; m: config.schema.ModelConfig."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = m.target_modules
+    config = LoraConfig(
+        r=m.lora_rank,
+        lora_alpha=m.lora_alpha,
+        lora_dropout=m.lora_dropout,
+        target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+        raise ValueError(f"model.target_modules={targets}: {e}") from e
+
+
+def merged(model: torch.nn.Module) -> torch.nn.Module:
+    """A plain HuggingFace model with the adapters added into the base weights (`model` is left as it is)."""
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter weights as peft saves them."""
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model)
+
+
+def load_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Put saved adapter weights into `model`; an adapter weight the file lacks is an error."""
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, state)
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if missing:
+        raise ValueError(f"the saved adapter lacks {len(missing)} LoRA weights (first: {missing[:2]})")

@@ -1,0 +1,165 @@
+"""model.lora_rank: peft adapters on the actor; the base weights and the reference stay as loaded; checkpoints
+hold the adapters and resume exactly; the final model and export are merged plain models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import TOY_REWARD
+from safetensors.torch import load_file
+
+from lucidrl.cli import main
+from lucidrl.config import ConfigError, load_config
+from lucidrl.trainer.ppo import PPOTrainer
+
+
+def _train(tmp_path, kk_data, tiny_model, run: str, *extra: str) -> PPOTrainer:
+    reward = tmp_path / "reward.py"
+    reward.write_text(TOY_REWARD)
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model['path']}",
+            "model.lora_rank=8",
+            "model.lora_alpha=16",
+            f"data.train_files=[{kk_data['train']}]",
+            "data.val_files=[]",
+            "data.max_prompt_length=512",
+            "data.max_response_length=8",
+            "data.train_batch_size=4",
+            "rollout.n=4",
+            "actor.ppo_mini_batch_size=2",
+            "actor.optim.lr=1e-2",  # adapters start at zero (lora_B): a large step shows they moved
+            "actor.optim.warmup_steps=3",
+            "actor.use_kl_loss=true",
+            "actor.kl_loss_coef=0.1",
+            "trainer.val_before_train=false",
+            "trainer.logger=[jsonl]",
+            f"trainer.run_dir={tmp_path / run}",
+            f"reward.custom_function.path={reward}",
+            *extra,
+        ],
+    )
+    trainer = PPOTrainer(cfg)
+    trainer.fit()
+    return trainer
+
+
+def test_lora_trains_the_adapters_only_and_saves_a_merged_model(tmp_path, kk_data, tiny_model):
+    trainer = _train(
+        tmp_path, kk_data, tiny_model, "run", "trainer.total_training_steps=3", "trainer.save_freq=3"
+    )
+    actor = trainer.workers.actor.worker.actor.model
+    base = load_file(f"{tiny_model['path']}/model.safetensors")
+    trainable = {n for n, p in actor.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    weights = dict(actor.named_parameters())
+    q = "base_model.model.model.layers.0.self_attn.q_proj"
+    assert torch.equal(weights[f"{q}.base_layer.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    assert weights[f"{q}.lora_B.default.weight"].abs().sum() > 0  # the adapter moved from its zero start
+    records = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["actor/kl_loss"] > 0  # the reference is the base model, the actor moved away from it
+    final = load_file(trainer.run_dir / "final" / "model.safetensors")
+    assert sorted(final) == sorted(base)  # a plain model: no peft names
+    assert not torch.equal(
+        final["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
+    )
+    assert (trainer.run_dir / "final" / "adapter" / "adapter_config.json").is_file()
+    step = trainer.run_dir / "checkpoints" / "global_step_3" / "actor"
+    assert (step / "adapter" / "adapter_model.safetensors").is_file() and not (step / "model").exists()
+    # export merges the checkpoint's adapters into the base: the final model
+    out = tmp_path / "exported"
+    assert main(["export", str(trainer.run_dir), str(out)]) == 0
+    exported = load_file(out / "model.safetensors")
+    assert all(torch.allclose(final[k], exported[k], atol=1e-6) for k in final)
+
+
+def test_a_lora_run_resumes_where_an_uninterrupted_one_ends(tmp_path, kk_data, tiny_model):
+    straight = _train(tmp_path, kk_data, tiny_model, "straight", "trainer.total_training_steps=4")
+    _train(tmp_path, kk_data, tiny_model, "resumed", "trainer.total_training_steps=2", "trainer.save_freq=2")
+    resumed = _train(
+        tmp_path, kk_data, tiny_model, "resumed", "trainer.total_training_steps=4", "trainer.save_freq=2"
+    )
+    assert resumed.resumed_from is not None
+    a = load_file(straight.run_dir / "final" / "model.safetensors")
+    b = load_file(resumed.run_dir / "final" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a), max((a[k] - b[k]).abs().max().item() for k in a)
+    # the same folder resumed without LoRA: refused, naming the key
+    with pytest.raises(ValueError, match="holds LoRA adapters, but this run's model is trained whole"):
+        _train(
+            tmp_path, kk_data, tiny_model, "resumed", "model.lora_rank=0", "trainer.total_training_steps=5"
+        )
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.lora_rank=-1"], "model.lora_rank=-1 must be >= 0"),
+        (["model.lora_rank=8", "rollout.name=vllm"], "generates with the hf engine for now"),
+        (["model.lora_rank=8", "trainer.backend=ray"], "trainer.strategy=ddp"),
+        (["model.lora_rank=8", "model.target_modules=[]"], "model.target_modules is empty"),
+    ],
+)
+def test_lora_settings_it_cannot_honour_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["model.path=/m", "data.train_files=[/t]", *overrides])
+
+
+@pytest.mark.slow
+def test_lora_on_two_ray_ranks_matches_one_process(tmp_path, kk_data, tiny_model):
+    """DDP averages the adapters' gradients; the rollout copy on each rank gets the adapters after each step."""
+    import os
+    import subprocess
+    import sys
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(TOY_REWARD)
+
+    def run(name, *extra):
+        args = [
+            f"model.path={tiny_model['path']}",
+            "model.lora_rank=8",
+            f"data.train_files=[{kk_data['train']}]",
+            "data.val_files=[]",
+            "data.max_prompt_length=1024",
+            "data.max_response_length=10",
+            "data.train_batch_size=4",
+            "rollout.n=4",
+            "rollout.deterministic=true",
+            "actor.ppo_mini_batch_size=4",
+            "actor.optim.lr=1e-2",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            f"trainer.run_dir={tmp_path / name}",
+            f"reward.custom_function.path={reward}",
+            *extra,
+        ]
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "lucidrl", "train", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        records = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return records, load_file(tmp_path / name / "final" / "model.safetensors")
+
+    local = run("local")
+    ray = run(
+        "ray",
+        "trainer.backend=ray",
+        "trainer.strategy=ddp",
+        "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
+    )
+    for x, y in zip(local[0], ray[0], strict=True):
+        # step 2 scores responses sampled after the first update: equal only if the rollout got the adapters
+        assert abs(x["critic/score/mean"] - y["critic/score/mean"]) <= 1e-6, (x["step"], x, y)
+        assert abs(x["actor/pg_loss"] - y["actor/pg_loss"]) <= 1e-5
+    base = load_file(f"{tiny_model['path']}/model.safetensors")
+    diff = max((local[1][k] - ray[1][k]).abs().max().item() for k in base)
+    moved = max((local[1][k] - base[k]).abs().max().item() for k in base)
+    assert diff <= 5e-5 and moved > 20 * diff, (diff, moved)
