@@ -87,7 +87,7 @@ def test_a_lora_run_resumes_where_an_uninterrupted_one_ends(tmp_path, kk_data, t
     b = load_file(resumed.run_dir / "final" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a), max((a[k] - b[k]).abs().max().item() for k in a)
     # the same folder resumed without LoRA: refused, naming the key
-    with pytest.raises(ValueError, match="holds LoRA adapters, but this run's model is trained whole"):
+    with pytest.raises(ValueError, match="model.lora_rank: 8 in the checkpoint, 0 now"):
         _train(
             tmp_path, kk_data, tiny_model, "resumed", "model.lora_rank=0", "trainer.total_training_steps=5"
         )
@@ -100,11 +100,19 @@ def test_a_lora_run_resumes_where_an_uninterrupted_one_ends(tmp_path, kk_data, t
         (["model.lora_rank=8", "rollout.name=vllm"], "generates with the hf engine for now"),
         (["model.lora_rank=8", "trainer.backend=ray"], "trainer.strategy=ddp"),
         (["model.lora_rank=8", "model.target_modules=[]"], "model.target_modules is empty"),
+        (["model.lora_rank=8", "model.lora_dropout=1.5"], r"model.lora_dropout=1.5 in \[0, 1\)"),
     ],
 )
 def test_lora_settings_it_cannot_honour_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["model.path=/m", "data.train_files=[/t]", *overrides])
+
+
+def test_sft_refuses_lora_rather_than_training_every_weight():
+    from lucidrl.config import SFTConfig
+
+    with pytest.raises(ConfigError, match="`lucidrl sft` trains every weight for now"):
+        load_config(None, ["model.path=/m", "data.train_files=[/t]", "model.lora_rank=8"], schema=SFTConfig)
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import pytest
 
@@ -51,29 +52,35 @@ def test_every_tracker_gets_the_metrics_and_a_resume_continues_the_same_runs(
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    first = _sft(tmp_path, kk_data, tiny_model, 2)
+    first = _sft(tmp_path, kk_data, tiny_model, 3)  # checkpoints at steps 2 and 3 (the last)
     ids = json.loads((first.run_dir / IDS_FILE).read_text())
     assert set(ids) == {"wandb", "mlflow"}
     out = capsys.readouterr().out
     assert "logging to TensorBoard:" in out and f"W&B run {ids['wandb']}" in out and "MLflow run" in out
-    resumed = _sft(tmp_path, kk_data, tiny_model, 4)  # resumes from step 2 in the same directory
-    assert resumed.resumed_from is not None
+    first_step3 = json.loads((first.run_dir / "metrics.jsonl").read_text().splitlines()[2])["sft/loss"]
+    # as if the run had died after logging step 3 but before saving it: the resume trains step 3 again
+    shutil.rmtree(first.run_dir / "checkpoints" / "global_step_3")
+    (first.run_dir / "checkpoints" / "latest").write_text("global_step_2\n")
+    resumed = _sft(tmp_path, kk_data, tiny_model, 4)
+    assert resumed.resumed_from.name == "global_step_2"
     assert json.loads((resumed.run_dir / IDS_FILE).read_text()) == ids  # the same W&B and MLflow runs
-    assert (
-        len(list((resumed.run_dir / "wandb").glob(f"offline-run-*-{ids['wandb']}"))) == 2
-    )  # two sessions, one id
+    sessions = list((resumed.run_dir / "wandb").glob(f"offline-run-*-{ids['wandb']}"))
+    assert len(sessions) == 2  # two sessions, one run id
 
     logged = [json.loads(line) for line in (resumed.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == [1, 2, 3, 4]
+    assert MlflowClient().get_run(ids["mlflow"]).info.status == "FINISHED"
     history = MlflowClient().get_metric_history(ids["mlflow"], "sft/loss")
-    assert [(m.step, m.value) for m in history] == [(r["step"], r["sft/loss"]) for r in logged]
+    # MLflow keeps both values of the step trained twice (as the README says)
+    both = [(r["step"], r["sft/loss"]) for r in logged] + [(3, first_step3)]
+    assert sorted((m.step, m.value) for m in history) == sorted(both)
     params = MlflowClient().get_run(ids["mlflow"]).data.params
     assert params["optim.lr"] == "0.001" and params["data.batch_size"] == "8"
 
     events = EventAccumulator(str(resumed.run_dir / "tensorboard"))
     events.Reload()
     scalars = events.Scalars("sft/loss")
-    assert [s.step for s in scalars] == [1, 2, 3, 4]
+    assert [s.step for s in scalars] == [1, 2, 3, 4]  # the first run's step 3 was purged on resume
     assert all(
         abs(s.value - r["sft/loss"]) <= 1e-6 * abs(r["sft/loss"])
         for s, r in zip(scalars, logged, strict=True)
@@ -105,3 +112,36 @@ def test_a_tracker_that_is_not_installed_is_a_config_error(monkeypatch):
         ConfigError, match="unknown backend.*'neptune'.*available: console, jsonl, tensorboard, wandb, mlflow"
     ):
         load_config(None, ["model.path=/m", "data.train_files=[/t]", "trainer.logger=[neptune]"])
+
+
+def test_a_run_that_raises_is_marked_failed_and_the_next_one_gets_its_own_run(tmp_path, trackers_offline):
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with pytest.raises(RuntimeError, match="boom"):
+        with Tracker(["mlflow", "wandb"], tmp_path / "a", project="p", experiment="a") as tracker:
+            first = next(t.run_id for t in tracker.external if hasattr(t, "run_id"))  # the MLflow one
+            tracker.log({"x": 1.0}, step=1)
+            raise RuntimeError("boom")
+    assert MlflowClient().get_run(first).info.status == "FAILED"
+    with Tracker(["mlflow"], tmp_path / "b", project="p", experiment="b") as tracker:  # no "already active"
+        second = tracker.external[0].run_id
+    assert second != first and MlflowClient().get_run(second).info.status == "FINISHED"
+
+
+@pytest.mark.parametrize(
+    "key, name",
+    [
+        ("val/kk/acc", "val/kk/acc"),
+        ("val//acc", "val/acc"),
+        ("/x/", "x"),
+        ("a/../b", "b"),
+        ("r@k", "r_k"),
+        ("/", "_"),
+    ],
+)
+def test_metric_names_mlflow_would_refuse_are_made_acceptable(key, name):
+    from lucidrl.trainer.tracking import mlflow_metric_name
+
+    assert mlflow_metric_name(key) == name

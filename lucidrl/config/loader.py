@@ -298,6 +298,11 @@ def _validate_precision(m: Any) -> None:
 
 def _validate_sft(cfg: SFTConfig) -> None:
     _validate_precision(cfg.model)
+    if cfg.model.lora_rank:
+        raise ConfigError(
+            f"model.lora_rank={cfg.model.lora_rank}: `lucidrl sft` trains every weight for now (LoRA is "
+            "`lucidrl train`'s); drop model.lora_rank"
+        )
     if cfg.bf16_autocast and cfg.model.compute_dtype == "float32":
         raise ConfigError(
             "bf16_autocast=true asks for bfloat16 compute but model.compute_dtype=float32 says float32; "
@@ -401,6 +406,10 @@ def _validate_lora(cfg: LucidConfig) -> None:
         )
     if not m.target_modules:
         raise ConfigError("model.target_modules is empty: name the modules to adapt, or [all-linear]")
+    if m.lora_alpha <= 0 or not 0.0 <= m.lora_dropout < 1.0:
+        raise ConfigError(
+            f"model.lora_alpha={m.lora_alpha} must be > 0 and model.lora_dropout={m.lora_dropout} in [0, 1)"
+        )
     if cfg.rollout.name != "hf":
         raise ConfigError(
             f"model.lora_rank={m.lora_rank} with rollout.name={cfg.rollout.name}: the LoRA actor generates with "

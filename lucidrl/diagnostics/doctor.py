@@ -640,8 +640,15 @@ def check_reward_model(cfg: Any, policy_tokenizer: Any) -> Check:
     config = AutoConfig.from_pretrained(m.path, local_files_only=True, trust_remote_code=m.trust_remote_code)
     arch = ", ".join(getattr(config, "architectures", None) or ["(no architectures in config.json)"])
     found = _safetensors_shapes(Path(m.path))
-    heads = {k: v for k, v in (found[1] if found else {}).items() if k.endswith("score.weight")}
     fix = "point reward_model.model.path at a *ForSequenceClassification checkpoint with num_labels=1"
+    if found is None:
+        return Check(
+            "reward model",
+            "warn",
+            f"{m.path}: {arch}, weights not in safetensors: its score head is checked only when training loads it",
+            "save it with save_pretrained (safetensors) to have it checked here",
+        )
+    heads = {k: v for k, v in found[1].items() if k.endswith("score.weight")}
     if not heads:
         return Check(
             "reward model", "fail", f"{m.path}: {arch} with no score.weight in its safetensors weights", fix

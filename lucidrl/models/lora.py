@@ -38,7 +38,9 @@ def apply_lora(model: torch.nn.Module, m: Any) -> torch.nn.Module:
     )
     try:
         return get_peft_model(model, config)
-    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+    except ValueError as e:
+        if "not found" not in str(e):  # peft: "Target modules {...} not found in the base model"
+            raise
         raise ValueError(f"model.target_modules={targets}: {e}") from e
 
 

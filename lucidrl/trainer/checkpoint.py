@@ -47,6 +47,9 @@ PREFIX = "global_step_"
 FROZEN_KEYS = (
     "model.path",
     "model.tokenizer_path",
+    "model.lora_rank",  # the adapters' shapes, and what their weights mean
+    "model.lora_alpha",
+    "model.target_modules",
     "critic.model_path",
     "data.train_files",
     "data.prompt_key",

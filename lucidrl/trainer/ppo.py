@@ -89,14 +89,6 @@ class PPOTrainer:
         self.total_steps = (
             cfg.trainer.total_training_steps or self.loader.steps_per_epoch * cfg.trainer.total_epochs
         )
-        self.tracker = Tracker(
-            cfg.trainer.logger,
-            self.run_dir,
-            project=cfg.trainer.project_name,
-            experiment=cfg.trainer.experiment_name,
-            config=to_dict(cfg),
-            resuming=in_place,  # W&B and MLflow continue the runs they logged to
-        )
         self.collector = BatchCollector(
             cfg, self.workers.actor, self.workers.reward, self._batches(), pad_token_id=tok.pad_token_id
         )
@@ -127,6 +119,15 @@ class PPOTrainer:
         self.resume_changes: dict[str, tuple] = {}
         if resume is not None:
             self.resume(resume)
+        # after the resume: one that is refused opens no tracker run
+        self.tracker = Tracker(
+            cfg.trainer.logger,
+            self.run_dir,
+            project=cfg.trainer.project_name,
+            experiment=cfg.trainer.experiment_name,
+            config=to_dict(cfg),
+            resumed_step=self.global_step if in_place else None,
+        )
 
     def announce(self) -> None:
         """Say what this run will do, including anything the data loading dropped."""
@@ -236,55 +237,55 @@ class PPOTrainer:
 
     def fit(self) -> Path:
         """Train for the configured steps (or time); stop on a detected collapse. Returns the run directory."""
-        cfg = self.cfg.trainer
-        if cfg.val_before_train and self.resumed_from is None:
-            self.tracker.log(self.validate(), step=0)
-        if cfg.collapse.keep_last_healthy:
-            self.workers.actor.snapshot_actor()  # the starting weights, until a healthy step replaces them
-        start = time.perf_counter()
-        while self.global_step < self.total_steps:
-            self.global_step += 1
-            metrics = self.step()
-            collapse = self.monitor.update(self.global_step, metrics)
-            out_of_time = cfg.max_time_s is not None and time.perf_counter() - start >= cfg.max_time_s
-            stop = out_of_time or (collapse is not None and cfg.collapse.action == "stop")
-            if collapse is not None:
-                self.collapse = collapse
-                metrics["collapse/detected"] = 1.0
-                self._report_collapse(collapse)
-            elif cfg.collapse.keep_last_healthy and self.monitor.healthy:
-                self.workers.actor.snapshot_actor()
-                self.healthy_step = self.global_step
-            last = self.global_step == self.total_steps or stop
-            if collapse is not None and cfg.collapse.action == "stop" and cfg.collapse.keep_last_healthy:
-                self.workers.actor.restore_actor()
-                self.tracker.console.print(
-                    f"[dim]lucidrl:[/dim] restored the weights after step {self.healthy_step} "
-                    "(the last step with no sign of collapse); validation and the final model use them"
-                )
-            if (cfg.test_freq and self.global_step % cfg.test_freq == 0) or last:
-                metrics.update(self.validate())
-            self.tracker.log(metrics, step=self.global_step)
-            if cfg.save_freq and (self.global_step % cfg.save_freq == 0 or last):
-                if collapse is None:
-                    began = time.perf_counter()
-                    path = self.save_checkpoint()
-                    line = checkpoint.saved_line(path, time.perf_counter() - began)
-                    self.tracker.console.print(f"[dim]lucidrl:[/dim] {line}")
-                else:  # its weights may be collapsed, or a restored earlier step's next to later optimizer state
+        with self.tracker:  # a run that raises is marked failed in W&B and MLflow
+            cfg = self.cfg.trainer
+            if cfg.val_before_train and self.resumed_from is None:
+                self.tracker.log(self.validate(), step=0)
+            if cfg.collapse.keep_last_healthy:
+                self.workers.actor.snapshot_actor()  # the starting weights, until a healthy step replaces them
+            start = time.perf_counter()
+            while self.global_step < self.total_steps:
+                self.global_step += 1
+                metrics = self.step()
+                collapse = self.monitor.update(self.global_step, metrics)
+                out_of_time = cfg.max_time_s is not None and time.perf_counter() - start >= cfg.max_time_s
+                stop = out_of_time or (collapse is not None and cfg.collapse.action == "stop")
+                if collapse is not None:
+                    self.collapse = collapse
+                    metrics["collapse/detected"] = 1.0
+                    self._report_collapse(collapse)
+                elif cfg.collapse.keep_last_healthy and self.monitor.healthy:
+                    self.workers.actor.snapshot_actor()
+                    self.healthy_step = self.global_step
+                last = self.global_step == self.total_steps or stop
+                if collapse is not None and cfg.collapse.action == "stop" and cfg.collapse.keep_last_healthy:
+                    self.workers.actor.restore_actor()
                     self.tracker.console.print(
-                        f"[dim]lucidrl:[/dim] no checkpoint at step {self.global_step}, which collapsed; a resume "
-                        "continues from the last one before it"
+                        f"[dim]lucidrl:[/dim] restored the weights after step {self.healthy_step} "
+                        "(the last step with no sign of collapse); validation and the final model use them"
                     )
-            if out_of_time:
-                self.tracker.console.print(
-                    f"[dim]lucidrl:[/dim] stopped at step {self.global_step}: trainer.max_time_s={cfg.max_time_s} reached"
-                )
-            if stop:
-                break
-        if cfg.save_final_model:
-            self.save_model(self.run_dir / "final")
-        self.tracker.close()
+                if (cfg.test_freq and self.global_step % cfg.test_freq == 0) or last:
+                    metrics.update(self.validate())
+                self.tracker.log(metrics, step=self.global_step)
+                if cfg.save_freq and (self.global_step % cfg.save_freq == 0 or last):
+                    if collapse is None:
+                        began = time.perf_counter()
+                        path = self.save_checkpoint()
+                        line = checkpoint.saved_line(path, time.perf_counter() - began)
+                        self.tracker.console.print(f"[dim]lucidrl:[/dim] {line}")
+                    else:  # its weights may be collapsed, or a restored earlier step's next to later optimizer state
+                        self.tracker.console.print(
+                            f"[dim]lucidrl:[/dim] no checkpoint at step {self.global_step}, which collapsed; a resume "
+                            "continues from the last one before it"
+                        )
+                if out_of_time:
+                    self.tracker.console.print(
+                        f"[dim]lucidrl:[/dim] stopped at step {self.global_step}: trainer.max_time_s={cfg.max_time_s} reached"
+                    )
+                if stop:
+                    break
+            if cfg.save_final_model:
+                self.save_model(self.run_dir / "final")
         self.workers.shutdown()  # Ray actors and placement groups; nothing to do in-process
         return self.run_dir
 

@@ -75,15 +75,6 @@ class SFTTrainer:
         steps_per_epoch = len(self.train_rows) // d.batch_size
         self.total_steps = cfg.trainer.total_training_steps or steps_per_epoch * cfg.trainer.total_epochs
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim)
-        self.tracker = Tracker(
-            cfg.trainer.logger,
-            self.run_dir,
-            console_keys=SFT_CONSOLE_KEYS,
-            project=cfg.trainer.project_name,
-            experiment=cfg.trainer.experiment_name,
-            config=to_dict(cfg),
-            resuming=in_place,  # W&B and MLflow continue the runs they logged to
-        )
         self.global_step = 0
         self.batches_drawn = 0  # batches taken from the shuffled epochs so far (a resume skips them)
         self.last_val: dict[str, float] = {}
@@ -91,6 +82,17 @@ class SFTTrainer:
         self.resume_changes: dict[str, tuple] = {}
         if resume is not None:
             self.resume(resume)
+        # after the resume: one that is refused opens no tracker run
+        self.tracker = Tracker(
+            cfg.trainer.logger,
+            self.run_dir,
+            console_keys=SFT_CONSOLE_KEYS,
+            project=cfg.trainer.project_name,
+            experiment=cfg.trainer.experiment_name,
+            config=to_dict(cfg),
+            resumed_step=self.global_step if in_place else None,
+        )
+        if resume is not None:
             self.tracker.console.print(
                 f"[dim]lucidrl:[/dim] resumed from {resume} after step {self.global_step}: weights, optimizer, "
                 "LR schedule, data position and RNG restored"
@@ -157,34 +159,34 @@ class SFTTrainer:
                 yield rows
 
     def fit(self) -> Path:
-        t = self.cfg.trainer
-        batches = self._batches()
-        start = time.perf_counter()
-        while self.global_step < self.total_steps:
-            self.global_step += 1
-            t0 = time.perf_counter()
-            metrics = self.step(next(batches))
-            metrics["timing_s/step"] = time.perf_counter() - t0
-            metrics["perf/tokens_per_s"] = metrics["perf/tokens"] / metrics["timing_s/step"]
-            out_of_time = t.max_time_s is not None and time.perf_counter() - start >= t.max_time_s
-            last = self.global_step == self.total_steps or out_of_time
-            if (t.test_freq and self.global_step % t.test_freq == 0) or last:
-                metrics.update(self.validate())
-            self.tracker.log(metrics, step=self.global_step)
-            if t.save_freq and (self.global_step % t.save_freq == 0 or last):
-                began = time.perf_counter()
-                path = self.save_checkpoint()
-                line = checkpoint.saved_line(path, time.perf_counter() - began)
-                self.tracker.console.print(f"[dim]lucidrl:[/dim] {line}")
-            if out_of_time:
-                self.tracker.console.print(
-                    f"[dim]lucidrl:[/dim] stopped at step {self.global_step}: "
-                    f"trainer.max_time_s={t.max_time_s} reached"
-                )
-                break
-        if t.save_final_model:
-            self.save(self.run_dir / "final")
-        self.tracker.close()
+        with self.tracker:  # a run that raises is marked failed in W&B and MLflow
+            t = self.cfg.trainer
+            batches = self._batches()
+            start = time.perf_counter()
+            while self.global_step < self.total_steps:
+                self.global_step += 1
+                t0 = time.perf_counter()
+                metrics = self.step(next(batches))
+                metrics["timing_s/step"] = time.perf_counter() - t0
+                metrics["perf/tokens_per_s"] = metrics["perf/tokens"] / metrics["timing_s/step"]
+                out_of_time = t.max_time_s is not None and time.perf_counter() - start >= t.max_time_s
+                last = self.global_step == self.total_steps or out_of_time
+                if (t.test_freq and self.global_step % t.test_freq == 0) or last:
+                    metrics.update(self.validate())
+                self.tracker.log(metrics, step=self.global_step)
+                if t.save_freq and (self.global_step % t.save_freq == 0 or last):
+                    began = time.perf_counter()
+                    path = self.save_checkpoint()
+                    line = checkpoint.saved_line(path, time.perf_counter() - began)
+                    self.tracker.console.print(f"[dim]lucidrl:[/dim] {line}")
+                if out_of_time:
+                    self.tracker.console.print(
+                        f"[dim]lucidrl:[/dim] stopped at step {self.global_step}: "
+                        f"trainer.max_time_s={t.max_time_s} reached"
+                    )
+                    break
+            if t.save_final_model:
+                self.save(self.run_dir / "final")
         return self.run_dir
 
     def save(self, path: Path) -> None:

@@ -11,14 +11,19 @@ logging into the same W&B and MLflow runs.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import posixpath
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from lucidrl.config.loader import missing_logger_packages
+
+log = logging.getLogger(__name__)
 
 # the few numbers worth a glance on each console line; everything is in metrics.jsonl
 CONSOLE_KEYS = [
@@ -49,10 +54,12 @@ def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 class _TensorBoard:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, resumed_step: int | None):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        # after a resume, events of the steps trained again are dropped from the old files
+        purge = resumed_step + 1 if resumed_step is not None else None
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
         self.where = f"TensorBoard: {run_dir / 'tensorboard'}"
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -60,7 +67,7 @@ class _TensorBoard:
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, failed: bool) -> None:
         self.writer.close()
 
 
@@ -77,6 +84,7 @@ class _Wandb:
             resume="allow" if ids.get("wandb") else None,
             config=config,
             dir=str(run_dir),
+            reinit="create_new",  # a second trainer in one process gets its own run, not the last one
         )
         ids["wandb"] = self.run.id
         self.where = f"W&B run {self.run.id} ({getattr(self.run, 'url', None) or 'offline'})"
@@ -84,32 +92,65 @@ class _Wandb:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step, commit=True)  # a step is complete when the trainer logs it
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, failed: bool) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
 
 
-# MLflow refuses metric names outside these characters
+# MLflow refuses metric names outside these characters, and names that are not normalised paths
 _MLFLOW_NAME = re.compile(r"[^\w\-. :/]")
 
 
-class _MLflow:
-    def __init__(self, ids: dict[str, str], project: str, experiment: str, config: dict | None):
-        import mlflow
+def mlflow_metric_name(key: str) -> str:
+    """`key` as a name MLflow accepts ("val//acc" -> "val/acc", "a/../b" -> "b")."""
+    name = posixpath.normpath(_MLFLOW_NAME.sub("_", key)).strip("/")
+    return name if name not in ("", ".", "..") else "_"
 
-        self.mlflow = mlflow
-        mlflow.set_experiment(project)
-        resumed = ids.get("mlflow")
-        self.run = mlflow.start_run(run_id=resumed, run_name=None if resumed else experiment)
-        if config is not None and not resumed:
-            mlflow.log_params({k: str(v)[:6000] for k, v in _flatten(config).items()})
-        ids["mlflow"] = self.run.info.run_id
-        self.where = f"MLflow run {self.run.info.run_id} at {mlflow.get_tracking_uri()}"
+
+class _MLflow:
+    """Logs through MlflowClient with an explicit run id: no process-wide active run to collide with."""
+
+    def __init__(self, ids: dict[str, str], project: str, experiment: str, config: dict | None):
+        from mlflow.entities import Param
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        self.client = client = MlflowClient()
+        run_id = ids.get("mlflow")
+        if run_id is not None:
+            try:
+                client.get_run(run_id)
+            except MlflowException as exc:
+                log.warning(
+                    "MLflow run %s (RUN_DIR/%s) is not in the tracking store %s (%s): logging to a new run",
+                    run_id,
+                    IDS_FILE,
+                    client.tracking_uri,
+                    exc.error_code,
+                )
+                run_id = None
+        if run_id is None:
+            found = client.get_experiment_by_name(project)
+            experiment_id = found.experiment_id if found else client.create_experiment(project)
+            run_id = client.create_run(experiment_id, run_name=experiment).info.run_id
+            if config is not None:
+                params = [Param(k, str(v)[:6000]) for k, v in _flatten(config).items()]
+                for start in range(0, len(params), 100):  # MLflow takes at most 100 params a call
+                    client.log_batch(run_id, params=params[start : start + 100])
+        else:
+            client.update_run(run_id, status="RUNNING")
+        self.run_id = ids["mlflow"] = run_id
+        self.where = f"MLflow run {run_id} at {client.tracking_uri}"
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics({_MLFLOW_NAME.sub("_", k): v for k, v in metrics.items()}, step=step)
+        from mlflow.entities import Metric
 
-    def close(self) -> None:
-        self.mlflow.end_run()
+        now = int(time.time() * 1000)
+        batch = [Metric(mlflow_metric_name(k), v, now, step) for k, v in metrics.items()]
+        for start in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics a call
+            self.client.log_batch(self.run_id, metrics=batch[start : start + 1000])
+
+    def close(self, failed: bool) -> None:
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -135,9 +176,13 @@ class Tracker:
         project: str = "lucidrl",
         experiment: str = "run",
         config: dict | None = None,
-        resuming: bool = False,
+        resumed_step: int | None = None,
     ):
-        """`resuming`: the run continues in `run_dir`, so W&B and MLflow continue the runs they logged to."""
+        """`resumed_step`: the run continues in `run_dir` after that step, so W&B and MLflow continue the
+        runs they logged to and TensorBoard drops its events of later steps (they are trained again).
+
+        Use it as a context manager around training: a run that raises is marked failed in W&B and MLflow.
+        """
         self.backends = backends
         self.console_keys = console_keys or CONSOLE_KEYS
         self.console = console or Console(highlight=False)
@@ -146,10 +191,11 @@ class Tracker:
         if missing:
             raise RuntimeError("; ".join(missing))
         ids_path = Path(run_dir) / IDS_FILE
+        resuming = resumed_step is not None
         ids = json.loads(ids_path.read_text()) if resuming and ids_path.is_file() else {}
         self.external: list[Any] = []
         if "tensorboard" in backends:
-            self.external.append(_TensorBoard(Path(run_dir)))
+            self.external.append(_TensorBoard(Path(run_dir), resumed_step))
         if "wandb" in backends:
             self.external.append(_Wandb(Path(run_dir), ids, project, experiment, config))
         if "mlflow" in backends:
@@ -181,8 +227,15 @@ class Tracker:
                     + "  ".join(f"{k[4:]}={_fmt(v)}" for k, v in sorted(val.items()))
                 )
 
-    def close(self) -> None:
-        if self.jsonl is not None:
+    def close(self, failed: bool = False) -> None:
+        if self.jsonl is not None and not self.jsonl.closed:
             self.jsonl.close()
         for tracker in self.external:
-            tracker.close()
+            tracker.close(failed)
+        self.external = []
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(failed=exc_type is not None)

@@ -33,8 +33,10 @@ def validate(
         batch = rollout.generate(collate(samples[start : start + bs], pad_token_id), params)
         scores, extra = reward.score(batch)
         batch.update(scores)
-        n = len(batch)
+        n, before = len(batch), sum(len(b) for b in scored)
         for k in set(extras) | set(extra):
+            if k not in extras:  # a key first returned in this batch: NaN for the samples before it
+                extras[k] = [float("nan")] * before
             extras[k].extend(extra.get(k, [float("nan")] * n))
         scored.append(batch)
     batch = Batch.concat(scored)

@@ -100,14 +100,21 @@ def reserved_cache(capacity: int) -> Cache:
     return Cache(layer_class_to_replicate=functools.partial(ReservedLayer, capacity))
 
 
+def _forward_params(model: torch.nn.Module):
+    """The parameters of the HuggingFace forward: a peft model's own forward takes **kwargs and hands
+    them to its base model's, which is the one that says what it accepts."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inspect.signature(base.forward).parameters
+
+
 def _cache_kwarg(model: torch.nn.Module) -> str:
     """transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name warns)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return "cache" if "cache" in _forward_params(model) else "past_key_values"
 
 
 def last_logits_only(model: torch.nn.Module) -> dict[str, int]:
     """Forward kwargs that skip the LM head on every position but the last (prompt forwards need only it)."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(model) else {}
 
 
 def sample_tokens(probs: torch.Tensor) -> torch.Tensor:

@@ -307,13 +307,16 @@ class PolicyWorker:
                     worker.nonfinite_skipped = int(extra["nonfinite_skipped"])
                 loaded.append(role)
         rng = self._rng_file(path)
+        if not rng.is_file():  # the name before RNG files were kept per group
+            rng = rng.with_name(f"rank_{self.rank}.pt")
         if rng.is_file():
             set_process_rng_state(torch.load(rng, weights_only=False))
-        else:  # weights and optimizer state reshard; a rank the save did not have samples from its seed
+        else:  # weights and optimizer state reshard; the sampling RNG of a rank cannot
             log.warning(
-                "%s is missing (saved with fewer ranks): rank %d's sampling RNG is not restored, so with "
-                "rollout.deterministic=false it samples differently than an uninterrupted run would",
-                rng,
+                "%s is missing (the checkpoint was saved with fewer ranks, or with other roles in this "
+                "group): rank %d's sampling RNG is not restored, so with rollout.deterministic=false it "
+                "samples differently than an uninterrupted run would",
+                self._rng_file(path),
                 self.rank,
             )
         if self.actor is not None:

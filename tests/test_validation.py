@@ -1,0 +1,46 @@
+"""Validation metrics: each per-sample extra stays with its own samples across validation batches."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lucidrl.batch import Batch
+from lucidrl.data.dataset import load_prompts
+from lucidrl.trainer.validation import validate
+from lucidrl.workers.rollout_hf import SamplingParams
+
+
+class _Rollout:
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        n = len(prompts)
+        prompts.set("responses", torch.ones((n, 2), dtype=torch.long))
+        prompts.set("response_mask", torch.ones((n, 2), dtype=torch.long))
+        return prompts
+
+
+class _Reward:
+    """Scores 1.0; its "bonus" extra only appears from the second batch on (a key a function returns late)."""
+
+    score_is_accuracy = True
+
+    def __init__(self):
+        self.calls = 0
+
+    def score(self, batch: Batch):
+        self.calls += 1
+        scores = torch.zeros(batch["response_mask"].shape)
+        scores[:, -1] = 1.0
+        extras = {"bonus": [5.0] * len(batch)} if self.calls > 1 else {}
+        return Batch(tensors={"token_level_scores": scores}), extras
+
+
+def test_an_extra_first_returned_by_a_later_batch_lands_on_that_batchs_samples(kk_data, tiny_tokenizer):
+    samples, _ = load_prompts([str(kk_data["train"])], tiny_tokenizer, max_prompt_length=4096)
+    samples = [s for s in samples if s.extra_info.get("n_people") == 2][:4]  # one group, 2 batches of 2
+    out = validate(_Rollout(), _Reward(), samples, SamplingParams(n=1), pad_token_id=0, batch_size=2)
+    ds = samples[0].data_source
+    # the first two samples have no bonus (NaN, left out of the mean), the last two have 5.0
+    assert out[f"val/{ds}/bonus"] == 5.0
+    assert out[f"val/{ds}/acc"] == 1.0 and not math.isnan(out["val/acc"])
