@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 
@@ -82,3 +85,17 @@ def write_train_config(tmp_path, kk_data, tiny_model, **sections) -> str:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def lucidrl_train(args: list[str], timeout: int = 600) -> None:
+    """`python -m lucidrl train ARGS` in a child process (Ray runs get a process of their own); a failure
+    shows the tail of its output."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lucidrl", "train", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -3,11 +3,9 @@ two Ray node processes on loopback joined through trainer.ray_address."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from helpers import TOY_REWARD
+from helpers import TOY_REWARD, lucidrl_train
 from safetensors.torch import load_file
 
 # stated tolerances: float32 sums run in another order across ranks; Adam divides by sqrt(v), so a
@@ -41,15 +39,7 @@ def _train(tmp_path, kk_data, tiny_model, name, *extra):
         f"reward.custom_function.path={reward}",
         *extra,
     ]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "lucidrl", "train", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lucidrl_train(args)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return records, load_file(run / "final" / "model.safetensors")
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers import TOY_REWARD
+from helpers import TOY_REWARD, lucidrl_train
 from safetensors.torch import load_file
 
 from lucidrl.cli import main
@@ -118,10 +118,6 @@ def test_sft_refuses_lora_rather_than_training_every_weight():
 @pytest.mark.slow
 def test_lora_on_two_ray_ranks_matches_one_process(tmp_path, kk_data, tiny_model):
     """DDP averages the adapters' gradients; the rollout copy on each rank gets the adapters after each step."""
-    import os
-    import subprocess
-    import sys
-
     reward = tmp_path / "reward.py"
     reward.write_text(TOY_REWARD)
 
@@ -144,15 +140,7 @@ def test_lora_on_two_ray_ranks_matches_one_process(tmp_path, kk_data, tiny_model
             f"reward.custom_function.path={reward}",
             *extra,
         ]
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-        proc = subprocess.run(
-            [sys.executable, "-m", "lucidrl", "train", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        lucidrl_train(args)
         records = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         return records, load_file(tmp_path / name / "final" / "model.safetensors")
 

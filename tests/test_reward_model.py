@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from helpers import lucidrl_train
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from lucidrl.batch import Batch
@@ -212,9 +213,6 @@ def test_the_reward_model_scores_the_same_on_two_ray_ranks_as_in_process(
     tmp_path, kk_data, tiny_model, reward_model_dir
 ):
     """The role is placed like the critic: colocated with the actor, data-parallel across ranks."""
-    import os
-    import subprocess
-    import sys
 
     def run(name, *extra):
         args = [
@@ -234,15 +232,7 @@ def test_the_reward_model_scores_the_same_on_two_ray_ranks_as_in_process(
             f"trainer.run_dir={tmp_path / name}",
             *extra,
         ]
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-        proc = subprocess.run(
-            [sys.executable, "-m", "lucidrl", "train", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        lucidrl_train(args)
         return json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
 
     local = run("local")

@@ -613,9 +613,28 @@ def _validate_names(cfg: LucidConfig) -> None:
             raise ConfigError(f"config key '{key}': {e}") from None
 
 
+def flat_keys(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as dotted keys: {"actor": {"optim": {"lr": 1}}} -> {"actor.optim.lr": 1}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flat_keys(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     """The config as plain nested dicts (for the run directory's config.yaml)."""
     return dataclasses.asdict(cfg)
 
 
-__all__ = ["ConfigError", "load_config", "config_from_dict", "parse_override", "validate", "to_dict"]
+__all__ = [
+    "ConfigError",
+    "load_config",
+    "config_from_dict",
+    "parse_override",
+    "validate",
+    "to_dict",
+    "flat_keys",
+]

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import yaml
 
+from lucidrl.config.loader import flat_keys
 from lucidrl.workers.train_state import (
     CheckpointError,
     check_train_state,
@@ -221,19 +222,9 @@ def restore_rng(path: Path) -> None:
     set_process_rng_state(torch.load(path / "rng.pt", weights_only=False))
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """Keys whose values differ between a checkpoint's config and this run's: key -> (saved, now)."""
-    a, b = _flatten(saved), _flatten(current)
+    a, b = flat_keys(saved), flat_keys(current)
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 

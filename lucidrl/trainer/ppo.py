@@ -120,14 +120,7 @@ class PPOTrainer:
         if resume is not None:
             self.resume(resume)
         # after the resume: one that is refused opens no tracker run
-        self.tracker = Tracker(
-            cfg.trainer.logger,
-            self.run_dir,
-            project=cfg.trainer.project_name,
-            experiment=cfg.trainer.experiment_name,
-            config=to_dict(cfg),
-            resumed_step=self.global_step if in_place else None,
-        )
+        self.tracker = Tracker.for_run(cfg, self.run_dir, resumed_step=self.global_step if in_place else None)
 
     def announce(self) -> None:
         """Say what this run will do, including anything the data loading dropped."""

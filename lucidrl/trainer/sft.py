@@ -83,14 +83,11 @@ class SFTTrainer:
         if resume is not None:
             self.resume(resume)
         # after the resume: one that is refused opens no tracker run
-        self.tracker = Tracker(
-            cfg.trainer.logger,
+        self.tracker = Tracker.for_run(
+            cfg,
             self.run_dir,
-            console_keys=SFT_CONSOLE_KEYS,
-            project=cfg.trainer.project_name,
-            experiment=cfg.trainer.experiment_name,
-            config=to_dict(cfg),
             resumed_step=self.global_step if in_place else None,
+            console_keys=SFT_CONSOLE_KEYS,
         )
         if resume is not None:
             self.tracker.console.print(

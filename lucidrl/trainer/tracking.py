@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from lucidrl.config.loader import missing_logger_packages
+from lucidrl.config.loader import flat_keys, missing_logger_packages, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class _MLflow:
             experiment_id = found.experiment_id if found else client.create_experiment(project)
             run_id = client.create_run(experiment_id, run_name=experiment).info.run_id
             if config is not None:
-                params = [Param(k, str(v)[:6000]) for k, v in _flatten(config).items()]
+                params = [Param(k, str(v)[:6000]) for k, v in flat_keys(config).items()]
                 for start in range(0, len(params), 100):  # MLflow takes at most 100 params a call
                     client.log_batch(run_id, params=params[start : start + 100])
         else:
@@ -151,16 +151,6 @@ class _MLflow:
 
     def close(self, failed: bool) -> None:
         self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 class Tracker:
@@ -204,6 +194,22 @@ class Tracker:
             ids_path.write_text(json.dumps(ids, indent=2) + "\n")
         for tracker in self.external:
             self.console.print(f"[dim]lucidrl:[/dim] logging to {tracker.where}")
+
+    @classmethod
+    def for_run(
+        cls, cfg, run_dir: Path, resumed_step: int | None, console_keys: list[tuple[str, str]] | None = None
+    ) -> Tracker:
+        """The tracker of a `lucidrl train` or `lucidrl sft` run: its trainer.logger, names and config."""
+        t = cfg.trainer
+        return cls(
+            t.logger,
+            run_dir,
+            console_keys=console_keys,
+            project=t.project_name,
+            experiment=t.experiment_name,
+            config=to_dict(cfg),
+            resumed_step=resumed_step,
+        )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.jsonl is not None:
