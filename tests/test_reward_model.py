@@ -129,6 +129,11 @@ def test_another_chat_template_renders_the_conversation_again_and_long_ones_are_
     )
     out = short.compute_rm_score(batch)
     assert out["rm_truncated"].tolist() == [1.0]
+    # with no max_length, the reward model's own positions are the limit
+    model = load_reward_model(str(path))
+    model.config.max_position_embeddings = 12
+    capped = RewardModelWorker(model, rm_tokenizer, tiny_tokenizer, micro_batch_size=4, max_length=None)
+    assert capped.compute_rm_score(batch)["rm_truncated"].tolist() == [1.0]
     assert out["rm_scores"][0, len(response) - 1].item() == pytest.approx(
         _reference_score(path, ids[-12:]), abs=1e-5
     )

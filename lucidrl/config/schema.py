@@ -215,8 +215,8 @@ class RewardModelConfig:
     enable: bool = False
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     micro_batch_size: int = 16  # sequences per forward
-    # longer sequences (after re-rendering with another tokenizer) lose their start: counted in
-    # reward_model/truncated; null: no limit
+    # longer sequences lose their start, counted in reward/rm_truncated/mean; null: the reward model's
+    # max_position_embeddings
     max_length: int | None = None
     # replace: the reward model's score is the reward (verl's behaviour; no rule function is called);
     # add: rule score + reward-model score

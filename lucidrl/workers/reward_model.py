@@ -87,7 +87,10 @@ class RewardModelWorker:
         self.tokenizer = tokenizer
         self.policy_tokenizer = policy_tokenizer
         self.micro_batch_size = micro_batch_size
-        self.max_length = max_length
+        # no longer than the model's positions: past them its scores mean nothing
+        positions = getattr(model.config, "max_position_embeddings", None)
+        limits = [x for x in (max_length, positions) if x is not None]
+        self.max_length = min(limits) if limits else None
         self.reuse_ids = same_tokenizer(tokenizer, policy_tokenizer)
         if not self.reuse_ids and not getattr(tokenizer, "chat_template", None):
             raise ModelLoadError(
