@@ -128,6 +128,11 @@ def resume_point(cfg: Any, run_dir: Path) -> Path | None:
     return None
 
 
+def resumes_in_place(resume: Path | None, run_dir: Path) -> bool:
+    """Whether the run continues from a checkpoint of its own run directory (and so keeps its files)."""
+    return resume is not None and Path(run_dir).resolve() in Path(resume).resolve().parents
+
+
 def drop_metrics_after(run_dir: Path, step: int) -> int:
     """Remove metrics.jsonl records of steps after `step` (they are trained again); returns how many."""
     path = Path(run_dir) / "metrics.jsonl"

@@ -74,7 +74,7 @@ class PPOTrainer:
         setup.seed_everything(cfg.trainer.seed)
         self.run_dir = setup.run_dir_of(cfg)
         resume = checkpoint.resume_point(cfg, self.run_dir)
-        in_place = resume is not None and self.run_dir.resolve() in resume.resolve().parents
+        in_place = checkpoint.resumes_in_place(resume, self.run_dir)
         setup.prepare_run_dir(cfg, keep=in_place)
         self.workers = setup.build_workers(cfg)
         tok = self.workers.tokenizer

@@ -57,7 +57,7 @@ class SFTTrainer:
         seed_everything(cfg.trainer.seed)
         self.run_dir = run_dir_of(cfg)
         resume = checkpoint.resume_point(cfg, self.run_dir)
-        in_place = resume is not None and self.run_dir.resolve() in resume.resolve().parents
+        in_place = checkpoint.resumes_in_place(resume, self.run_dir)
         prepare_run_dir(cfg, keep=in_place)
         m, d = cfg.model, cfg.data
         self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)

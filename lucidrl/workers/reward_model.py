@@ -97,7 +97,6 @@ class RewardModelWorker:
                 "the reward model's tokenizer differs from the policy's and has no chat template to render the "
                 "conversations with; give reward_model.model.tokenizer_path a tokenizer with one (or the policy's)"
             )
-        self.last_truncated: set[int] = set()  # samples of the last batch cut to max_length
 
     @classmethod
     def from_config(cls, rm, policy_tokenizer, device: str) -> RewardModelWorker:
@@ -112,7 +111,7 @@ class RewardModelWorker:
         )
 
     def _sequences(self, batch: Batch) -> list[list[int]]:
-        """Each sample's token ids as the reward model reads them (no padding)."""
+        """Each sample's token ids as the reward model reads them (no padding, not yet cut to max_length)."""
         lengths = batch["response_mask"].sum(-1).tolist()
         out = []
         for i, n in enumerate(lengths):
@@ -130,10 +129,6 @@ class RewardModelWorker:
                 messages.append({"role": "assistant", "content": response})
             text = self.tokenizer.apply_chat_template(messages, tokenize=False)
             out.append(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        long = [i for i, ids in enumerate(out) if self.max_length is not None and len(ids) > self.max_length]
-        for i in long:
-            out[i] = out[i][-self.max_length :]  # keep the end, where the score is read
-        self.last_truncated = set(long)
         return out
 
     @torch.no_grad()
@@ -162,9 +157,13 @@ class RewardModelWorker:
         """`rm_scores (bs, R)`: zeros with each sample's score on its last response token; `rm_truncated
         (bs,)`: 1 for a sequence cut to max_length."""
         mask = batch["response_mask"]
-        values = self.score_sequences(self._sequences(batch))
+        sequences = self._sequences(batch)
+        limit = self.max_length
+        truncated = torch.tensor([float(limit is not None and len(s) > limit) for s in sequences])
+        if limit is not None:  # keep the end, where the score is read
+            sequences = [s[-limit:] for s in sequences]
+        values = self.score_sequences(sequences)
         rm = torch.zeros(mask.shape, dtype=torch.float32)
         last = (mask.sum(-1) - 1).clamp(min=0)
         rm[torch.arange(len(values)), last] = values
-        truncated = torch.tensor([float(i in self.last_truncated) for i in range(len(values))])
         return Batch(tensors={"rm_scores": rm, "rm_truncated": truncated})
