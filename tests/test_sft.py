@@ -112,3 +112,55 @@ def test_the_old_sft_checkpoint_key_says_what_replaced_it():
         load_config(
             None, ["model.path=/m", "data.train_files=[/t]", "trainer.save_freq=-1"], schema=SFTConfig
         )
+
+
+def test_micro_batches_cover_every_row_once_sorted_and_within_the_token_budget():
+    from lucidrl.data.dataset import DatasetError
+    from lucidrl.data.sft_dataset import SFTSample, sft_micro_batches
+
+    rows = [SFTSample(list(range(n)), 1) for n in (9, 3, 7, 3, 12, 5, 1, 8)]
+    plain = sft_micro_batches(rows, 3, length_sorted=False)
+    assert [[len(r.input_ids) for r in p] for p in plain] == [[9, 3, 7], [3, 12, 5], [1, 8]]
+    ordered = sft_micro_batches(rows, 3, length_sorted=True)
+    assert [[len(r.input_ids) for r in p] for p in ordered] == [[1, 3, 3], [5, 7, 8], [9, 12]]
+    assert ordered[0][1] is rows[1] and ordered[0][2] is rows[3]  # ties keep batch order
+    budget = sft_micro_batches(rows, 3, length_sorted=True, max_tokens=16)
+    assert sorted(id(r) for p in budget for r in p) == sorted(id(r) for r in rows)
+    # each piece at most 16 padded tokens (rows x longest row), and cut only where the next row would not fit
+    assert [[len(r.input_ids) for r in p] for p in budget] == [[1, 3, 3], [5, 7], [8], [9], [12]]
+    with pytest.raises(DatasetError, match=r"13 tokens, more than data.max_token_len_per_gpu=12"):
+        sft_micro_batches([SFTSample(list(range(13)), 1)], 3, length_sorted=True, max_tokens=12)
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+@pytest.mark.parametrize(
+    "cutting",
+    [
+        ("micro_batch_size=2", "length_sorted_micro_batches=true"),
+        ("micro_batch_size=8", "data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=1024"),
+    ],
+)
+def test_sorted_or_token_budget_micro_batches_give_the_gradient_of_one_forward(
+    tmp_path, kk_data, tiny_model, cutting
+):
+    whole = SFTTrainer(_cfg(tmp_path, kk_data, tiny_model, "whole", "micro_batch_size=8"))
+    cut = SFTTrainer(_cfg(tmp_path, kk_data, tiny_model, "cut", *cutting))
+    rows = next(whole._batches())
+    lengths = {len(r.input_ids) for r in rows}
+    assert len(lengths) > 2  # rows of different lengths, so the cut pieces are padded differently
+    pieces = cut._micro_batches(rows)
+    assert len(pieces) > 1 and [len(r.input_ids) for p in pieces for r in p] == sorted(
+        len(r.input_ids) for r in rows
+    )
+    for trainer in (whole, cut):
+        trainer.optimizer.step = lambda: None  # keep the weights: compare the gradients
+        trainer.step(rows)
+    for (name, a), b in zip(whole.model.named_parameters(), cut.model.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-7), name
+
+
+def test_a_token_budget_below_max_length_is_refused(tmp_path, kk_data, tiny_model):
+    with pytest.raises(ConfigError, match=r"data.max_token_len_per_gpu=100 is below data.max_length=1024"):
+        _cfg(
+            tmp_path, kk_data, tiny_model, "r", "data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=100"
+        )

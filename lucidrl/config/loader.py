@@ -313,10 +313,17 @@ def _validate_sft(cfg: SFTConfig) -> None:
         "data.max_length",
         "data.batch_size",
         "micro_batch_size",
+        "data.max_token_len_per_gpu",
         "trainer.total_epochs",
         "trainer.total_training_steps",
     )
-    if cfg.data.batch_size % cfg.micro_batch_size:
+    if cfg.data.use_dynamic_bsz and cfg.data.max_token_len_per_gpu < cfg.data.max_length:
+        raise ConfigError(
+            f"data.max_token_len_per_gpu={cfg.data.max_token_len_per_gpu} is below data.max_length="
+            f"{cfg.data.max_length}, so a row the data allows would fit no micro-batch; raise "
+            "data.max_token_len_per_gpu or lower data.max_length"
+        )
+    if cfg.data.batch_size % cfg.micro_batch_size and not cfg.data.use_dynamic_bsz:
         raise ConfigError(
             f"data.batch_size={cfg.data.batch_size} is not divisible by micro_batch_size={cfg.micro_batch_size}"
         )

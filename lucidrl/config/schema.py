@@ -350,6 +350,10 @@ class SFTDataConfig:
     batch_size: int = 32  # rows per optimizer step
     shuffle: bool = True
     seed: int = 0
+    # verl's SFT names: cut each step's rows into forward/backward pieces of at most this many padded
+    # tokens (rows x longest row) instead of micro_batch_size rows; same gradient
+    use_dynamic_bsz: bool = False
+    max_token_len_per_gpu: int = 8192
 
 
 @dataclass
@@ -380,5 +384,8 @@ class SFTConfig:
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     micro_batch_size: int = 32  # rows per forward/backward (gradient accumulation up to data.batch_size)
+    # order a step's rows by length before cutting them into micro-batches, each padded to its own
+    # longest row: less compute on padding, the same gradient (data/sft_dataset.py)
+    length_sorted_micro_batches: bool = True
     bf16_autocast: bool = False  # bfloat16 compute with float32 weights (fast on CPUs with AVX-512 BF16)
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)

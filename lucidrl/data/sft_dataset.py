@@ -77,6 +77,39 @@ def collate_sft(samples: list[SFTSample], pad_token_id: int) -> dict[str, torch.
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def sft_micro_batches(
+    rows: list[SFTSample], size: int, *, length_sorted: bool, max_tokens: int | None = None
+) -> list[list[SFTSample]]:
+    """A step's rows cut into the pieces that go through one forward/backward; every row once.
+
+    Each piece is padded to its own longest row, so with `length_sorted` (rows ordered by length,
+    ties in batch order) similar lengths share a piece and little is spent on padding: with K&K
+    traces of 2 and 3 people, a random batch of 32 is about half padding. The step's loss is summed
+    over every response token and divided by the batch's count, so the gradient does not depend on
+    how the rows are cut. `max_tokens` (data.use_dynamic_bsz, verl's SFT name) cuts by padded tokens
+    (rows x longest row) instead of `size` rows; a row longer than the budget raises DatasetError.
+    """
+    order = sorted(rows, key=lambda r: len(r.input_ids)) if length_sorted else list(rows)
+    if max_tokens is None:
+        return [order[i : i + size] for i in range(0, len(order), size)]
+    pieces: list[list[SFTSample]] = []
+    current: list[SFTSample] = []
+    for row in order:
+        if len(row.input_ids) > max_tokens:
+            raise DatasetError(
+                f"an SFT row is {len(row.input_ids)} tokens, more than data.max_token_len_per_gpu="
+                f"{max_tokens}; raise it to at least data.max_length"
+            )
+        width = max([len(r.input_ids) for r in current] + [len(row.input_ids)])
+        if current and width * (len(current) + 1) > max_tokens:
+            pieces.append(current)
+            current = []
+        current.append(row)
+    if current:
+        pieces.append(current)
+    return pieces
+
+
 def sft_batches(
     samples: list[SFTSample], batch_size: int, *, shuffle: bool, seed: int
 ) -> Iterator[list[SFTSample]]:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from lucidrl.config import SFTConfig
 from lucidrl.config.loader import to_dict
-from lucidrl.data.sft_dataset import IGNORE, collate_sft, load_sft_rows, sft_batches
+from lucidrl.data.sft_dataset import IGNORE, collate_sft, load_sft_rows, sft_batches, sft_micro_batches
 from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
 from lucidrl.models.loading import DTYPES
 from lucidrl.models.precision import autocast_dtype, compute_context
@@ -107,8 +107,8 @@ class SFTTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         n_tokens = sum(len(r.input_ids) - r.n_prompt for r in rows)
         total = 0.0
-        for start in range(0, len(rows), cfg.micro_batch_size):
-            batch = collate_sft(rows[start : start + cfg.micro_batch_size], self.tokenizer.pad_token_id)
+        for piece in self._micro_batches(rows):
+            batch = collate_sft(piece, self.tokenizer.pad_token_id)
             batch = {k: v.to(cfg.trainer.device) for k, v in batch.items()}
             with self._autocast():
                 loss, _, _ = response_loss_sum(self.model, batch)
@@ -128,16 +128,23 @@ class SFTTrainer:
             "perf/tokens": float(n_tokens),
         }
 
+    def _micro_batches(self, rows):
+        d = self.cfg.data
+        return sft_micro_batches(
+            rows,
+            self.cfg.micro_batch_size,
+            length_sorted=self.cfg.length_sorted_micro_batches,
+            max_tokens=d.max_token_len_per_gpu if d.use_dynamic_bsz else None,
+        )
+
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         if not self.val_rows:
             return {}
         self.model.eval()
         loss = tokens = correct = 0
-        for start in range(0, len(self.val_rows), self.cfg.micro_batch_size):
-            batch = collate_sft(
-                self.val_rows[start : start + self.cfg.micro_batch_size], self.tokenizer.pad_token_id
-            )
+        for piece in self._micro_batches(self.val_rows):
+            batch = collate_sft(piece, self.tokenizer.pad_token_id)
             with self._autocast():
                 s, n, c = response_loss_sum(
                     self.model, {k: v.to(self.cfg.trainer.device) for k, v in batch.items()}
