@@ -245,6 +245,19 @@ def test_saves_are_atomic_pruned_and_the_latest_is_resumed(tmp_path, kk_data, ti
         PPOTrainer(cfg).fit()
 
 
+def test_a_key_only_one_config_has_is_named_as_such_not_as_none():
+    saved = {"data": {"batch_size": 8, "seed": None, "old_key": 1}}
+    now = {"data": {"batch_size": 8, "seed": None, "max_token_len_per_gpu": 8192}, "length_sorted": None}
+    changes = checkpoint.config_changes(saved, now)
+    assert changes == {
+        "data.max_token_len_per_gpu": (checkpoint.NOT_IN_CHECKPOINT, 8192),
+        "data.old_key": (1, checkpoint.NO_LONGER_A_KEY),
+        # absent against None is a change too (None is a value), and says so
+        "length_sorted": (checkpoint.NOT_IN_CHECKPOINT, None),
+    }
+    assert "before the key existed" in repr(changes["data.max_token_len_per_gpu"][0])
+
+
 def test_resume_refuses_a_changed_key_that_the_saved_state_depends_on(tmp_path, kk_data, tiny_model):
     _train(tmp_path, kk_data, tiny_model, "run", "trainer.total_training_steps=1", "trainer.save_freq=1")
     with pytest.raises(CheckpointError, match=r"data.train_batch_size: 4 in the checkpoint, 8 now"):

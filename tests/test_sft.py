@@ -164,3 +164,20 @@ def test_a_token_budget_below_max_length_is_refused(tmp_path, kk_data, tiny_mode
         _cfg(
             tmp_path, kk_data, tiny_model, "r", "data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=100"
         )
+    # the budget only binds when it cuts: with rows as the cut, the same budget is not looked at
+    assert (
+        _cfg(tmp_path, kk_data, tiny_model, "r", "data.max_token_len_per_gpu=100").data.max_token_len_per_gpu
+        == 100
+    )
+    # a budget of exactly data.max_length fits the longest row the data allows
+    _cfg(tmp_path, kk_data, tiny_model, "r", "data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=1024")
+
+
+def test_rows_must_divide_the_batch_unless_the_cut_is_by_tokens(tmp_path, kk_data, tiny_model):
+    with pytest.raises(
+        ConfigError, match=r"data.batch_size=8 is not divisible by micro_batch_size=3; .*use_dynamic_bsz"
+    ):
+        _cfg(tmp_path, kk_data, tiny_model, "r", "micro_batch_size=3")
+    assert _cfg(
+        tmp_path, kk_data, tiny_model, "r", "micro_batch_size=3", "data.use_dynamic_bsz=true"
+    ).data.use_dynamic_bsz

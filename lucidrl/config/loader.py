@@ -321,11 +321,14 @@ def _validate_sft(cfg: SFTConfig) -> None:
         raise ConfigError(
             f"data.max_token_len_per_gpu={cfg.data.max_token_len_per_gpu} is below data.max_length="
             f"{cfg.data.max_length}, so a row the data allows would fit no micro-batch; raise "
-            "data.max_token_len_per_gpu or lower data.max_length"
+            "data.max_token_len_per_gpu, lower data.max_length, or cut by rows instead "
+            "(data.use_dynamic_bsz=false and micro_batch_size)"
         )
     if cfg.data.batch_size % cfg.micro_batch_size and not cfg.data.use_dynamic_bsz:
         raise ConfigError(
-            f"data.batch_size={cfg.data.batch_size} is not divisible by micro_batch_size={cfg.micro_batch_size}"
+            f"data.batch_size={cfg.data.batch_size} is not divisible by micro_batch_size={cfg.micro_batch_size}; "
+            f"use a micro_batch_size that divides it, or cut by tokens instead (data.use_dynamic_bsz=true "
+            "with data.max_token_len_per_gpu)"
         )
     if cfg.trainer.test_freq < 0:
         raise ConfigError(

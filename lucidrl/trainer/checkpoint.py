@@ -227,10 +227,33 @@ def restore_rng(path: Path) -> None:
     set_process_rng_state(torch.load(path / "rng.pt", weights_only=False))
 
 
+class _Missing:
+    """Stands for a key one of the two configs lacks; printed as what that means."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def __repr__(self) -> str:
+        return self.label
+
+
+# a key added to lucidrl after the checkpoint was written, or one removed since
+NOT_IN_CHECKPOINT = _Missing("<not in the checkpoint's config: it was written before the key existed>")
+NO_LONGER_A_KEY = _Missing("<no longer a key>")
+
+
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Keys whose values differ between a checkpoint's config and this run's: key -> (saved, now)."""
+    """Keys whose values differ between a checkpoint's config and this run's: key -> (saved, now).
+
+    A key only one side has gets NOT_IN_CHECKPOINT or NO_LONGER_A_KEY on the other, not None: None is
+    a value a key can have, and "None -> True" would say the checkpoint's run had the key set to None.
+    """
     a, b = flat_keys(saved), flat_keys(current)
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+    return {
+        k: (a.get(k, NOT_IN_CHECKPOINT), b.get(k, NO_LONGER_A_KEY))
+        for k in sorted(set(a) | set(b))
+        if k not in a or k not in b or a[k] != b[k]
+    }
 
 
 def refuse_frozen_changes(
