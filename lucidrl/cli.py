@@ -223,6 +223,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from lucidrl.data.kk.generator import TWO_PERSON_PUZZLES
     from lucidrl.diagnostics.errors import UsageError
     from lucidrl.trainer.demo import DemoPlan, run_demo
 
@@ -233,10 +234,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             if value <= 0:
                 raise UsageError(f"lucidrl demo: --{key.replace('_s', '-seconds')} must be > 0, got {value}")
             setattr(plan, key, value)
-    if plan.labelled + plan.unlabelled + plan.val > 556:
+    if plan.labelled + plan.unlabelled + plan.val > TWO_PERSON_PUZZLES:
         raise UsageError(
             f"lucidrl demo: --labelled {plan.labelled} + --unlabelled {plan.unlabelled} + {plan.val} held out "
-            "is more than the 556 distinct 2-person puzzles that exist; lower them"
+            f"is more than the {TWO_PERSON_PUZZLES} distinct 2-person puzzles that exist (names, wording and "
+            "the order people are introduced in aside); lower them"
         )
     run_demo(Path(args.out), seeds=args.seeds, plan=plan)
     return 0

@@ -8,7 +8,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from lucidrl.cli import main
+from lucidrl.data.kk import from_json, puzzle_key
 from lucidrl.trainer.demo import DemoPlan, run_demo
+
+
+def pool_once_infos(seed_dir):
+    return pq.read_table(seed_dir / "data" / "pool_puzzles.parquet").column("extra_info").to_pylist()
 
 
 @pytest.mark.slow
@@ -38,6 +43,17 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
     assert unlabelled.num_rows == 32 and "response" not in unlabelled.column_names
     pool_structures = {i["statements"] for i in unlabelled.column("extra_info").to_pylist()}
     assert len(pool_structures) == 16 and not pool_structures & set(structures)
+    # nor any puzzle told in another order of its people (logic.puzzle_key), held-out ones included
+    val = pq.read_table(seed_dir / "data" / "val.parquet").column("extra_info").to_pylist()
+
+    def keys(infos):
+        return {puzzle_key([from_json(s) for s in json.loads(i["statements"])]) for i in infos}
+
+    split_keys = [keys(labelled.column("extra_info").to_pylist()), keys(pool_once_infos(seed_dir)), keys(val)]
+    assert [len(k) for k in split_keys] == [24, 16, 8]
+    assert not (
+        split_keys[0] & split_keys[1] or split_keys[0] & split_keys[2] or split_keys[1] & split_keys[2]
+    )
     labelled_prompts = {json.dumps(p) for p in labelled.column("prompt").to_pylist()}
     assert not labelled_prompts & {json.dumps(p) for p in unlabelled.column("prompt").to_pylist()}
     # both branches start from the SFT checkpoint
@@ -50,11 +66,13 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
         assert 0.0 <= acc["greedy_acc"] <= 1.0 and 0.0 <= acc["sampled_format"] <= 1.0
         assert acc["greedy_trace_ok"] is None or 0.0 <= acc["greedy_trace_ok"] <= 1.0
         assert 0.0 <= acc["pool_greedy_acc"] <= 1.0
-    # each of the three models is evaluated on the held-out file and on the 16 pool puzzles' prompts
-    pool = str(seed_dir / "data" / "unlabelled.parquet")
+    # each of the three models is evaluated on the held-out file and on the 16 pool puzzles, each once
+    pool = str(seed_dir / "data" / "pool_puzzles.parquet")
+    pool_once = pq.read_table(pool).column("extra_info").to_pylist()
+    assert len(pool_once) == 16 and {i["statements"] for i in pool_once} == pool_structures
     for name in ("sft", "grpo", "sft_only"):
         model_path = str(seed_dir / name / "final")
-        assert (model_path, [pool], 16) in calls
+        assert (model_path, [pool], None) in calls
         assert any(c[0] == model_path and c[1] == [str(seed_dir / "data" / "val.parquet")] for c in calls)
     saved = json.loads((tmp_path / "demo_results.json").read_text())
     assert saved["seeds"][0]["rl"] == r.rl and saved["plan"]["labelled"] == 24
@@ -65,6 +83,6 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
 
 def test_demo_refuses_more_puzzles_than_exist(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--labelled", "400", "--unlabelled", "100"]) == 2
-    assert "more than the 556 distinct 2-person puzzles" in capsys.readouterr().err
+    assert "more than the 285 distinct 2-person puzzles" in capsys.readouterr().err
     assert main(["demo", "--out", str(tmp_path), "--renderings", "0"]) == 2
     assert "--renderings must be > 0, got 0" in capsys.readouterr().err

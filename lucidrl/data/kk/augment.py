@@ -5,7 +5,8 @@ solution and the truth-table trace, stay the same up to the names. A tiny model 
 hundred traces learns which names and roles appear in *those* sentences instead of how to read one
 (its wrong held-out traces mostly copy the wrong name or role); re-rendered copies of the same
 labelled puzzles make that shortcut fail. Structures do not change, so copies of training puzzles
-never coincide with held-out ones (generated puzzles are distinct structures).
+never coincide with held-out ones (generated puzzles are distinct up to names, wording and the order
+people are introduced in: logic.puzzle_key).
 """
 
 from __future__ import annotations

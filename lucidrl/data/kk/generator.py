@@ -229,6 +229,11 @@ def _check_n_people(n: object, where: str) -> None:
         )
 
 
+# 2-person puzzles that differ in more than names, wording and the order people are introduced in
+# (logic.puzzle_key): 556 in speaker order, 542 of them mirror pairs of each other
+TWO_PERSON_PUZZLES = 285
+
+
 def _even_counts(total: int, sizes: list[int]) -> dict[int, int]:
     """Split `total` rows over `sizes` as evenly as possible, earlier sizes taking the remainder."""
     base, extra = divmod(total, len(sizes))
@@ -240,7 +245,7 @@ def _distinct_puzzles(n_people: int, count: int, rng: random.Random) -> list[tup
 
     Each puzzle is rendered as soon as it is drawn, so the first k puzzles (and texts) do not depend on
     `count`. Returns fewer when MAX_STALE_ATTEMPTS draws in a row bring no new puzzle (the pool is exhausted:
-    there are only 556 distinct 2-person puzzles).
+    there are only TWO_PERSON_PUZZLES = 285 distinct 2-person puzzles).
     """
     seen: set[tuple] = set()
     puzzles: list[tuple[Puzzle, str]] = []

@@ -182,9 +182,59 @@ def canonical(statement: Statement) -> tuple:
     return (statement.op, *children)
 
 
+def relabel(statement: Statement, new_index: Sequence[int]) -> Statement:
+    """The statement with person i renamed new_index[i]."""
+    if isinstance(statement, Leaf):
+        return Leaf(new_index[statement.person], statement.knight)
+    if isinstance(statement, Not):
+        return Not(relabel(statement.leaf, new_index))
+    return Binary(statement.op, relabel(statement.left, new_index), relabel(statement.right, new_index))
+
+
+def _role_shape(statement: Statement, person: int) -> tuple:
+    """What a person says, with everyone named only as "self" or "other": the same in every ordering."""
+    if isinstance(statement, Leaf):
+        return ("knight" if statement.knight else "knave", "self" if statement.person == person else "other")
+    if isinstance(statement, Not):
+        return ("not", _role_shape(statement.leaf, person))
+    children = [_role_shape(statement.left, person), _role_shape(statement.right, person)]
+    if statement.op in _SYMMETRIC_OPS:
+        children.sort()
+    return (statement.op, *children)
+
+
 def puzzle_key(statements: Sequence[Statement]) -> tuple:
-    """The dedupe key of a puzzle: its canonical statements in speaker order (names play no part)."""
-    return tuple(canonical(s) for s in statements)
+    """The dedupe key of a puzzle: equal for puzzles that differ only in names, in the order of a
+    symmetric op's children, or in the order the people are introduced (and speak).
+
+    The same two people told in the other order ("Ava says ...; Henry says ..." for "Henry says ...;
+    Ava says ...") are one puzzle with one solution; keyed by speaker order alone, 2-person K&K has 556
+    puzzles, of which 542 are such mirror pairs: 285 in all. The key is the smallest tuple of canonical
+    statements over the orderings that sort people by an ordering-free description of each (what they
+    say, seen as self / other, and how others speak of them); only ties are permuted, and any ordering
+    of an equal puzzle sorts the same way, so equal puzzles get equal keys.
+    """
+    n = len(statements)
+    spoken_of: list[list[tuple]] = [[] for _ in range(n)]
+    for speaker, statement in enumerate(statements):
+        for leaf in leaves(statement):
+            if leaf.person != speaker:
+                spoken_of[leaf.person].append((leaf.knight, _role_shape(statement, speaker)))
+    invariant = [(_role_shape(s, i), tuple(sorted(spoken_of[i]))) for i, s in enumerate(statements)]
+    groups: dict[tuple, list[int]] = {}
+    for i in sorted(range(n), key=lambda i: invariant[i]):
+        groups.setdefault(invariant[i], []).append(i)
+    best: tuple | None = None
+    for parts in itertools.product(*(itertools.permutations(g) for g in groups.values())):
+        order = [i for part in parts for i in part]  # new position k holds old person order[k]
+        new_index = [0] * n
+        for k, old in enumerate(order):
+            new_index[old] = k
+        key = tuple(canonical(relabel(statements[old], new_index)) for old in order)
+        if best is None or key < best:
+            best = key
+    assert best is not None
+    return best
 
 
 def to_json(statement: Statement) -> list:

@@ -79,7 +79,8 @@ def write_kk_parquet(
 
     Returns {"train": path, "val": path, "n_train": rows, "n_val": rows, "per_people": {n: rows in both}}.
     With `trace`, each row's `response` reasons through a truth table before the answer (kk/trace.py).
-    There are only 556 distinct 2-person puzzles; a request needing more raises ValueError.
+    There are only 285 distinct 2-person puzzles (generator.TWO_PERSON_PUZZLES); a request needing more
+    raises ValueError.
     `system_prompt=False` leaves out Logic-RL's instruction (about 150 of a 2-person prompt's 220 tokens):
     for models trained from scratch, which cannot read it anyway, it is pure cost. The reward is unchanged.
     `renderings` > 1 adds that many - 1 copies of each train puzzle under fresh names and sentences
