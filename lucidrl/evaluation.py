@@ -70,7 +70,10 @@ def _generate_and_score(
         per_sample["data_source"].extend(batch["data_source"])
         per_sample["n_people"].extend(info.get("n_people") for info in batch["extra_info"])
         per_sample["score"].extend(seq_scores)
-        per_sample["acc"].extend(extras.get("acc", seq_scores))
+        # a reward without an "acc" metric scores accuracy itself; in a chunk mixing sources, the rows of
+        # such a source have NaN there (the manager fills keys other sources return), row by row
+        accs = extras.get("acc", [float("nan")] * n)
+        per_sample["acc"].extend(s if math.isnan(a) else a for a, s in zip(accs, seq_scores, strict=True))
         per_sample["format_ok"].extend(extras.get("format_ok", [float("nan")] * n))
         per_sample["trace_ok"].extend(extras.get("trace_ok", [float("nan")] * n))
         per_sample["length"].extend(float(x) for x in batch["response_mask"].sum(-1).tolist())
@@ -124,7 +127,8 @@ def evaluate(
                                "sampled": {... "pass_at_<k>" ...}}}}
 
     Means over no values (e.g. format_ok from a reward without that metric) are None. The global torch
-    RNG is left as it was; sampling draws from a generator seeded with `seed`.
+    RNG is left as it was; sampling draws from it seeded with `seed`, in batch order, so sampled
+    results also depend on `batch_size`.
     """
     from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
 

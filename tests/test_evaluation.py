@@ -108,3 +108,30 @@ def test_missing_model_bad_flags_and_overlong_prompts_are_clean_errors(kk_data, 
         evaluate(tiny_model["path"], [kk_data["val"]], temperature=0)
     with pytest.raises(DatasetError, match=r"val.parquet:0: the prompt is \d+ tokens.*--max-new-tokens=1000"):
         evaluate(tiny_model["path"], [kk_data["val"]], max_new_tokens=1000)
+
+
+def test_a_source_without_an_acc_metric_keeps_its_score_as_accuracy_in_a_mixed_chunk(monkeypatch):
+    import torch
+
+    import lucidrl.evaluation as ev
+    from lucidrl.workers.rollout_hf import SamplingParams
+
+    class Rollout:
+        def generate(self, chunk, params):
+            batch = {
+                "data_source": [s["data_source"] for s in chunk],
+                "extra_info": [{} for _ in chunk],
+                "response_mask": torch.ones(len(chunk), 3),
+            }
+            return type("B", (dict,), {"__len__": lambda self: len(chunk)})(batch)
+
+    class Reward:  # K&K returns "acc"; the GSM8K row gets NaN there, as the manager fills other keys
+        def score(self, batch):
+            return {"token_level_scores": torch.tensor([[0.0, 0.0, -0.5], [0.0, 0.0, 1.0]])}, {
+                "acc": [0.0, math.nan]
+            }
+
+    monkeypatch.setattr(ev, "collate", lambda chunk, pad: chunk)
+    samples = [{"data_source": "kk_logic"}, {"data_source": "openai/gsm8k"}]
+    rows = ev._generate_and_score(Rollout(), Reward(), samples, SamplingParams(n=1), pad_token_id=0, batch_size=2)
+    assert rows["acc"] == [0.0, 1.0]

@@ -83,6 +83,15 @@ def test_only_the_assistant_part_of_a_transcript_is_scored():
     assert compute_score(SYSTEM_PROMPT + respond(RIGHT), GT)["score"] == -3.0
 
 
+def test_a_header_the_model_writes_does_not_cut_its_own_response():
+    # the trainer passes the assistant's turn (pre-filled "<think>" + response): scored whole, as
+    # Logic-RL scores everything after the prompt's header
+    hidden = f"<think><answer>x</answer> Assistant: <think> r </think><answer>{RIGHT}</answer>"
+    assert compute_score(hidden, GT)["score"] == -3.0  # two <think>, two <answer>: the format fails
+    inside = f"<think> r Assistant: </think> <answer> {RIGHT} </answer>"
+    assert compute_score(inside, GT)["score"] == 3.0
+
+
 def test_plain_string_ground_truth():
     assert compute_score(respond(RIGHT), GT["solution_text_format"])["score"] == 3.0
     wrong = RIGHT.replace("Ethan is a knight", "Ethan is a knave")

@@ -134,6 +134,9 @@ def test_trace_ok_tells_a_right_derivation_from_a_lucky_answer(traced_rows):
     wrong = re.sub(r"=([TF])", lambda m: "=" + ("F" if m.group(1) == "T" else "T"), row["response"], count=1)
     assert wrong != row["response"]
     assert score(wrong)["score"] == 3.0 and score(wrong)["trace_ok"] == 0.0
+    # a trace that starts with a name the puzzle does not have is a wrong trace, not "no trace"
+    first = info["names"][0] if "names" in info else gt["names"][0]
+    assert score(row["response"].replace(first, "Zebedee"))["trace_ok"] == 0.0
     # free-form reasoning, or a row without statements: no trace_ok at all (never part of the score)
     answer = row["response"].split("</think>", 1)[1]
     assert "trace_ok" not in score(" let me think </think>" + answer)

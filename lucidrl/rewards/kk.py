@@ -21,6 +21,7 @@ ANSWER_UNPARSEABLE = -2.0
 
 _HEADERS = ("Assistant:", "<|im_start|>assistant")
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+_TRACE_START = re.compile(r"\w+ [KN][ :]")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _SOLUTION_LINE = re.compile(r"^\s*\(\d+\)\s*(\w+)\s+is\s+a\s+(knight|knave)\s*\.?\s*$", re.IGNORECASE)
 _GROUND_TRUTH_FORM = (
@@ -30,7 +31,14 @@ _GROUND_TRUTH_FORM = (
 
 
 def assistant_text(solution_str: str) -> str:
-    """The assistant's part of a transcript: after the first "Assistant:" or "<|im_start|>assistant", else all."""
+    """The assistant's part of a transcript: after the first "Assistant:" or "<|im_start|>assistant", else all.
+
+    Text that already starts with "<think>" is the assistant's turn (what the trainer passes: the
+    pre-filled "<think>" and the response) and is kept whole, as Logic-RL keeps everything after the
+    prompt's own header: a header the model writes itself must not cut its response.
+    """
+    if solution_str.lstrip().startswith("<think>"):
+        return solution_str
     for header in _HEADERS:
         if header in solution_str:
             return solution_str.split(header, 1)[1]
@@ -137,13 +145,16 @@ def trace_ok(text: str, names: list[str], extra_info: Any) -> float | None:
 
     A diagnostic, never part of the score: it tells a right answer reached by a right derivation from
     a lucky one (a 2-person answer is right by chance one time in four). A trace starts with the first
-    person's name and role ("Henry K Ava K: ..."); free-form reasoning gets None (compute_score then
+    person's name and role ("Henry K Ava K: ...", with any name: one the puzzle lacks makes a wrong
+    trace); free-form reasoning gets None (compute_score then
     leaves the metric out, which batch means skip), so the mean covers trace-writing responses only.
     """
     if not isinstance(extra_info, Mapping) or extra_info.get("statements") is None:
         return None
     think = " ".join(_think_text(text).split())
-    if not (think.startswith(f"{names[0]} K ") or think.startswith(f"{names[0]} N ")):
+    # a trace starts with a row header, "NAME K|N ..." (any name: a trace that starts with a name the
+    # puzzle does not have is a wrong trace, not free-form reasoning)
+    if not _TRACE_START.match(think):
         return None
     from lucidrl.data.kk.logic import from_json
     from lucidrl.data.kk.trace import build_trace
