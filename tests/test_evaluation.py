@@ -133,5 +133,7 @@ def test_a_source_without_an_acc_metric_keeps_its_score_as_accuracy_in_a_mixed_c
 
     monkeypatch.setattr(ev, "collate", lambda chunk, pad: chunk)
     samples = [{"data_source": "kk_logic"}, {"data_source": "openai/gsm8k"}]
-    rows = ev._generate_and_score(Rollout(), Reward(), samples, SamplingParams(n=1), pad_token_id=0, batch_size=2)
+    rows = ev._generate_and_score(
+        Rollout(), Reward(), samples, SamplingParams(n=1), pad_token_id=0, batch_size=2
+    )
     assert rows["acc"] == [0.0, 1.0]
