@@ -257,8 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="outputs/demo", help="where data, models and runs go (default outputs/demo)"
     )
     demo.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run (default 0)")
-    demo.add_argument("--labelled", type=int, help="labelled traces (default 200)")
-    demo.add_argument("--unlabelled", type=int, help="unlabelled puzzles for GRPO (default 250)")
+    demo.add_argument("--labelled", type=int, help="labelled traces (default 100)")
+    demo.add_argument(
+        "--unlabelled",
+        type=int,
+        help="unlabelled puzzles for GRPO (default 85; with --labelled and 100 held out, at most 285 in all)",
+    )
     demo.add_argument("--sft-seconds", dest="sft_s", type=float, help="SFT before the branches (default 300)")
     demo.add_argument("--rl-seconds", dest="rl_s", type=float, help="each branch's time (default 360)")
     demo.add_argument("--hidden", type=int, help="model width (default 128)")
