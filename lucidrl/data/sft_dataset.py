@@ -94,17 +94,18 @@ def sft_micro_batches(
         return [order[i : i + size] for i in range(0, len(order), size)]
     pieces: list[list[SFTSample]] = []
     current: list[SFTSample] = []
+    width = 0  # the current piece's longest row
     for row in order:
         if len(row.input_ids) > max_tokens:
             raise DatasetError(
                 f"an SFT row is {len(row.input_ids)} tokens, more than data.max_token_len_per_gpu="
                 f"{max_tokens}; raise it to at least data.max_length"
             )
-        width = max([len(r.input_ids) for r in current] + [len(row.input_ids)])
-        if current and width * (len(current) + 1) > max_tokens:
+        if current and max(width, len(row.input_ids)) * (len(current) + 1) > max_tokens:
             pieces.append(current)
-            current = []
+            current, width = [], 0
         current.append(row)
+        width = max(width, len(row.input_ids))
     if current:
         pieces.append(current)
     return pieces

@@ -81,7 +81,7 @@ class DemoPlan:
     sft_batch: int = 32
     # length-sorted micro-batches of 8 rows (each padded to its own longest): the same gradient as one
     # forward of 32 in 0.6x the time (benchmarks/sft_micro_batches.py), so 5 minutes take about twice
-    # the steps and reach the 200-label plateau
+    # the steps
     sft_micro_batch: int = 8
     sft_lr: float = 1e-3
     rl_prompts: int = 16
