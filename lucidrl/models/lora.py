@@ -8,7 +8,9 @@ state for them alone, and a checkpoint stores them as peft does (`adapter_config
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import warnings
 from typing import Any
 
 import torch
@@ -24,6 +26,17 @@ def is_lora(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
+@contextlib.contextmanager
+def quiet_peft():
+    """Silence the FutureWarning peft causes by reading transformers' deprecated `is_gradient_checkpointing`
+    alias when it wraps a model: printed on every LoRA run, and no lucidrl setting can change it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
+
+
 def apply_lora(model: torch.nn.Module, m: Any) -> torch.nn.Module:
     """`model` with LoRA adapters of rank m.lora_rank on m.target_modules; m: config.schema.ModelConfig."""
     from peft import LoraConfig, get_peft_model
@@ -37,7 +50,8 @@ def apply_lora(model: torch.nn.Module, m: Any) -> torch.nn.Module:
         task_type="CAUSAL_LM",
     )
     try:
-        return get_peft_model(model, config)
+        with quiet_peft():
+            return get_peft_model(model, config)
     except ValueError as e:
         if "not found" not in str(e):  # peft: "Target modules {...} not found in the base model"
             raise

@@ -279,7 +279,7 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     from lucidrl.config import LucidConfig, config_from_dict
     from lucidrl.models import load_model, load_tokenizer
     from lucidrl.models.loading import DTYPES, ModelLoadError
-    from lucidrl.models.lora import ADAPTER
+    from lucidrl.models.lora import ADAPTER, quiet_peft
     from lucidrl.models.saving import save_hf_folder
     from lucidrl.workers.train_state import WEIGHTS
 
@@ -316,7 +316,8 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
                 f"{exc}\n({ckpt} holds LoRA adapters only: export merges them into the run's base model, "
                 f"model.path={m.path!r}; run it from the folder the run started in)"
             ) from exc
-        model = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+        with quiet_peft():
+            model = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
         return save_hf_folder(model, tokenizer, out)
     weights = ckpt / "actor" / WEIGHTS
     if not (weights / "config.json").is_file():
