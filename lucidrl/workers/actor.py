@@ -31,10 +31,12 @@ def per_token_log_probs(
     max_tokens: int | None = None,
     head_chunk_tokens: int = 0,
     compiled: bool = False,
+    world_size: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(bs, R) log-probs (and entropy) of the responses, in micro-batches (length-sorted and trimmed;
-    of `micro_batch_size` samples, or of at most `max_tokens` padded tokens when it is set)."""
-    chunks = micro_batches(batch, micro_batch_size, length_sorted, max_tokens)
+    of `micro_batch_size` samples, or of at most `max_tokens` padded tokens when it is set).
+    `world_size` > 1: `model` is data-parallel, and every rank runs as many micro-batches."""
+    chunks = micro_batches(batch, micro_batch_size, length_sorted, max_tokens, world_size)
     lps, ents = [], []
     for idx, mb in chunks:
         lp, ent = response_log_probs(
@@ -115,6 +117,8 @@ class ActorWorker:
         # a mini-batch is ppo_mini_batch_size prompts in all; each data-parallel rank holds its share
         self.mini_batch = cfg.ppo_mini_batch_size * samples_per_prompt // world_size
         self.world_size = world_size
+        # one sample per prompt: nothing to share (and every micro-batch takes the same path)
+        self.share_prompt = cfg.share_prompt_forward and samples_per_prompt > 1
         if cfg.head_chunk_tokens:
             check_chunkable_head(model)
         self.policy_loss_fn = get_policy_loss(cfg.policy_loss)
@@ -131,9 +135,9 @@ class ActorWorker:
             with compute_context(self.model, self.compute_dtype):
                 lp, ent = per_token_log_probs(
                     self.model, batch, c.log_prob_micro_batch_size, self.temperature, True,
-                    c.share_prompt_forward, c.length_sorted_micro_batches,
+                    self.share_prompt, c.length_sorted_micro_batches,
                     c.log_prob_max_token_len_per_gpu if c.use_dynamic_bsz else None, c.head_chunk_tokens,
-                    c.use_torch_compile,
+                    c.use_torch_compile, world_size=self.world_size,
                 )  # fmt: skip
         finally:
             self.model.train(was_training)
@@ -149,7 +153,7 @@ class ActorWorker:
                 ub,
                 temperature=self.temperature,
                 with_entropy=True,
-                share_prompt=cfg.share_prompt_forward,
+                share_prompt=self.share_prompt,
                 entropy_grad=bool(cfg.entropy_coeff),  # otherwise a metric: kept out of autograd
                 head_chunk_tokens=cfg.head_chunk_tokens,
                 compiled=cfg.use_torch_compile,
@@ -187,7 +191,8 @@ class ActorWorker:
         cfg = self.cfg
         length_sorted = cfg.length_sorted_micro_batches and cfg.loss_agg_mode != "seq-mean-token-sum-norm"
         max_tokens = cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
-        return [ub for _, ub in micro_batches(mb, cfg.ppo_micro_batch_size, length_sorted, max_tokens)]
+        chunks = micro_batches(mb, cfg.ppo_micro_batch_size, length_sorted, max_tokens, self.world_size)
+        return [ub for _, ub in chunks]
 
     def _loss_weights(self, mb: Batch, ubs: list[Batch]) -> list[float]:
         """Each micro-batch's share of the mini-batch loss (micro_batches.loss_weights)."""

@@ -88,7 +88,9 @@ class CriticWorker:
         if not c.use_dynamic_bsz:
             return micro_batches(batch, c.ppo_micro_batch_size, False)
         trim = c.loss_agg_mode != "seq-mean-token-sum-norm"
-        return micro_batches(batch, c.ppo_micro_batch_size, trim, c.ppo_max_token_len_per_gpu)
+        return micro_batches(
+            batch, c.ppo_micro_batch_size, trim, c.ppo_max_token_len_per_gpu, self.world_size
+        )
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:

@@ -87,8 +87,11 @@ def response_log_probs(
     softmax is neither kept for backward nor part of the graph (with a 150k vocabulary that is
     gigabytes per micro-batch).
 
-    `share_prompt`: run each distinct prompt once for all its samples (_response_logits_shared_prefix);
-    it applies when consecutive samples share a uid, as rollouts lay them out.
+    `share_prompt`: run each distinct prompt once for all its samples (_response_logits_shared_prefix;
+    consecutive samples with equal uids, as rollouts lay them out). It takes that path whenever the
+    batch has uids, even if none repeats in this micro-batch: the model is then called twice (prompts,
+    then responses) in every micro-batch, so data-parallel ranks whose shares split the groups
+    differently still run the same number of FSDP2 / DDP forwards (their collectives must pair up).
 
     `head_chunk_tokens` > 0: the (bs, R, V) logits are never formed. The LM head, log-prob and entropy
     run on at most that many response tokens at a time (`chunked_head_log_probs`), only on tokens of
@@ -100,7 +103,7 @@ def response_log_probs(
     hidden = head_chunk_tokens > 0
     if hidden:
         check_chunkable_head(model)
-    if share_prompt and "uid" in batch and len(set(batch["uid"])) < len(batch):
+    if share_prompt and "uid" in batch:
         states = _response_logits_shared_prefix(model, batch, hidden)
     else:
         input_ids, attention_mask, position_ids = sequence_inputs(batch)

@@ -120,16 +120,50 @@ def token_budget_micro_batches(
 
 
 def micro_batches(
-    batch: Batch, size: int, length_sorted: bool, max_tokens: int | None = None
+    batch: Batch, size: int, length_sorted: bool, max_tokens: int | None = None, world_size: int = 1
 ) -> list[tuple[torch.Tensor, Batch]]:
     """(indices, micro-batch) pairs: cut by a token budget when `max_tokens` is set, else `size`
-    samples each; length-sorted and trimmed, or in batch order."""
+    samples each; length-sorted and trimmed, or in batch order.
+
+    `world_size` > 1 (the caller's model is data-parallel): a token-budget cut gives every rank as
+    many micro-batches as the rank that needs the most (`match_count_across_ranks`), since each
+    FSDP2 / DDP forward and backward is a collective all ranks must join. Cuts by sample count
+    already agree: the ranks hold equal shares.
+    """
     if max_tokens is not None:
-        return token_budget_micro_batches(batch, max_tokens, length_sorted)
+        chunks = token_budget_micro_batches(batch, max_tokens, length_sorted)
+        if world_size > 1:
+            import torch.distributed as dist
+
+            count = torch.tensor([len(chunks)], device=batch["responses"].device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            chunks = match_count(batch, chunks, int(count), length_sorted)
+        return chunks
     if length_sorted:
         return length_sorted_micro_batches(batch, size)
     return [(torch.arange(start, min(start + size, len(batch))), batch.slice(start, start + size))
             for start in range(0, len(batch), size)]  # fmt: skip
+
+
+def match_count(
+    batch: Batch, chunks: list[tuple[torch.Tensor, Batch]], count: int, trim: bool
+) -> list[tuple[torch.Tensor, Batch]]:
+    """`chunks` split until there are `count` of them: the one with the most rows (the first of
+    equals) is halved, in order, each half trimmed again when `trim`. Fewer rows per forward keep
+    within the token budget. Possible whenever `count` <= the rows (ranks hold equal shares, and each
+    rank's own cut has at most one micro-batch per row)."""
+    chunks = list(chunks)
+    if count > len(batch):
+        raise ValueError(f"cannot cut {len(batch)} samples into {count} micro-batches")
+    while len(chunks) < count:
+        i = max(range(len(chunks)), key=lambda j: len(chunks[j][0]))
+        idx = chunks[i][0]
+        halves = []
+        for part in (idx[: len(idx) // 2], idx[len(idx) // 2 :]):
+            mb = batch.select(part)
+            halves.append((part, trim_response_padding(mb) if trim else mb))
+        chunks[i : i + 1] = halves
+    return chunks
 
 
 def loss_weights(mb: Batch, ubs: list[Batch], loss_agg_mode: str, world_size: int = 1) -> list[float]:

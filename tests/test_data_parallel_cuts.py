@@ -1,0 +1,130 @@
+"""Micro-batches on data-parallel ranks: every rank must run as many forwards and backwards, since each
+is a collective under FSDP2 (all-gathers, reduce-scatters) and DDP (gradient all-reduces).
+
+A token-budget cut (`actor.use_dynamic_bsz`) depends on each rank's response lengths, so two ranks
+cut their shares into different numbers of micro-batches; before `micro_batches.match_count` such a
+run hung at the first unmatched collective. Here two gloo ranks hold shares of very different
+lengths (one cut fits one micro-batch, the other needs several) and must finish the log-prob pass
+and the update with the weights one process gets from the whole batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lucidrl.batch import Batch
+from lucidrl.config.schema import ActorConfig, OptimConfig
+from lucidrl.workers.micro_batches import match_count, token_budget_micro_batches
+
+WIDTH = 12  # response columns
+N = 4  # samples per prompt
+
+
+def _batch() -> Batch:
+    """16 samples of 4 left-padded prompts: the first two prompts' responses 1-3 tokens, the last two's 9-12."""
+    g = torch.Generator().manual_seed(0)
+    prompt_lengths = torch.tensor([6, 9, 7, 8]).repeat_interleave(N)
+    prompt_mask = (torch.arange(9)[None, :] >= 9 - prompt_lengths[:, None]).long()
+    lengths = torch.tensor([1, 2, 3, 2, 3, 1, 2, 3, 9, 12, 10, 11, 12, 9, 10, 12])
+    mask = (torch.arange(WIDTH)[None, :] < lengths[:, None]).float()
+    tensors = {
+        "prompts": torch.randint(3, 200, (4, 9), generator=g).repeat_interleave(N, 0) * prompt_mask,
+        "prompt_mask": prompt_mask,
+        "responses": torch.randint(3, 200, (16, WIDTH), generator=g) * mask.long(),
+        "response_mask": mask,
+        "old_log_probs": -torch.rand(16, WIDTH, generator=g) * mask,
+        "advantages": torch.randn(16, 1, generator=g).expand(-1, WIDTH) * mask,
+    }
+    return Batch(tensors, {"uid": [f"p{i // N}" for i in range(16)]})
+
+
+def _config(budget: int) -> ActorConfig:
+    return ActorConfig(
+        optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=16, use_kl_loss=False,
+        use_dynamic_bsz=True, ppo_max_token_len_per_gpu=budget, log_prob_max_token_len_per_gpu=budget,
+    )  # fmt: skip
+
+
+def _budget(batch: Batch) -> int:
+    return 2 * (batch["prompts"].shape[1] + WIDTH)  # two long samples, or many short ones, per forward
+
+
+def _rank(rank: int, port: int, model_path: str, strategy: str, out: str) -> None:
+    from lucidrl.controller.distributed import full_state_dict, wrap_for_training
+    from lucidrl.models import load_model
+    from lucidrl.workers.actor import ActorWorker
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # a short timeout: a collective left unmatched fails the test instead of hanging it
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    torch.manual_seed(0)
+    batch = _batch()
+    share = batch.slice(rank * 8, rank * 8 + 8)  # rank 0: the short responses, rank 1: the long ones
+    model = wrap_for_training(load_model(model_path), strategy, "cpu")
+    actor = ActorWorker(model, _config(_budget(batch)), temperature=1.0, samples_per_prompt=N, world_size=2)
+    counts = [len(actor._micro_batches(share))]
+    log_probs = actor.compute_log_prob(share)["old_log_probs"]
+    actor.update(share)
+    state = full_state_dict(actor.model)
+    if rank == 0:
+        torch.save({"counts": counts, "state": state}, f"{out}/rank0.pt")
+    torch.save({"log_probs": log_probs}, f"{out}/lp{rank}.pt")
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_match_count_halves_the_largest_micro_batch_in_order():
+    batch = _batch().slice(0, 8)
+    chunks = token_budget_micro_batches(batch, 8 * (batch["prompts"].shape[1] + 3), length_sorted=True)
+    assert [len(idx) for idx, _ in chunks] == [8]
+    split = match_count(batch, chunks, 3, trim=True)
+    order = chunks[0][0].tolist()  # 8 -> 4 + 4 -> 2 + 2 + 4, each part in the cut's order
+    assert [idx.tolist() for idx, _ in split] == [order[:2], order[2:4], order[4:]]
+    assert sorted(torch.cat([idx for idx, _ in split]).tolist()) == list(range(8))
+    assert all(mb["responses"].shape[1] == int(mb["response_mask"].sum(-1).max()) for _, mb in split)
+    with pytest.raises(ValueError, match="cannot cut 8 samples into 9"):
+        match_count(batch, chunks, 9, trim=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
+def test_token_budget_cuts_agree_across_ranks_and_match_one_process(strategy, tiny_model, tmp_path):
+    from lucidrl.models import load_model
+    from lucidrl.workers.actor import ActorWorker
+
+    path = str(tiny_model["path"])
+    mp.start_processes(
+        _rank, args=(_free_port(), path, strategy, str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    batch = _batch()
+    budget = _budget(batch)
+    # each rank on its own would cut its share into 1 (short) and 4 (long) micro-batches
+    cut = [len(token_budget_micro_batches(batch.slice(r * 8, r * 8 + 8), budget, True)) for r in (0, 1)]
+    assert cut[0] < cut[1]
+    rank0 = torch.load(tmp_path / "rank0.pt")
+    assert rank0["counts"] == [cut[1]]  # rank 0 ran as many as rank 1 needed
+
+    torch.manual_seed(0)
+    model = load_model(path)
+    actor = ActorWorker(copy.deepcopy(model), _config(budget), temperature=1.0, samples_per_prompt=N)
+    expected_lp = actor.compute_log_prob(batch)["old_log_probs"]
+    got_lp = torch.cat([torch.load(tmp_path / f"lp{r}.pt")["log_probs"] for r in (0, 1)])
+    torch.testing.assert_close(got_lp, expected_lp, atol=1e-5, rtol=0)
+    actor.update(batch)
+    expected = actor.model.state_dict()
+    moved = max((expected[k] - v).abs().max().item() for k, v in model.state_dict().items())
+    diff = max((rank0["state"][k] - expected[k]).abs().max().item() for k in expected)
+    assert moved > 1e-3 and diff < 5e-5, (moved, diff)
