@@ -69,27 +69,32 @@ def worker(work: Path, name: str, device: str, repeats: int) -> dict:
     params = SamplingParams(n=N_SAMPLES, temperature=1.0, max_new_tokens=MAX_NEW)
     rollout.generate(prompts.slice(0, 1), SamplingParams(n=2, max_new_tokens=4))  # warm-up
     before = rss_mb()
+    cuda = device.startswith("cuda")
+
+    def now() -> float:  # CUDA runs asynchronously: wait for the queued work before reading the clock
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     decode_s, log_prob_s, update_s, tokens = [], [], [], 0
     for i in range(repeats):
         torch.manual_seed(i)
-        t = time.perf_counter()
+        t = now()
         out = rollout.generate(prompts, params)
-        decode_s.append(time.perf_counter() - t)
+        decode_s.append(now() - t)
         tokens = int(out["response_mask"].sum())
-        t = time.perf_counter()
+        t = now()
         old = actor.compute_log_prob(out)
-        log_prob_s.append(time.perf_counter() - t)
+        log_prob_s.append(now() - t)
         if i == 0:
             consistency = _abs_diff(out["rollout_log_probs"], old["old_log_probs"], out["response_mask"])
             first = out
         out.update(old)
         adv = torch.randn(rows, 1, device=device).expand_as(out["response_mask"]) * out["response_mask"]
         out.set("advantages", adv)
-        t = time.perf_counter()
+        t = now()
         actor.update(out)
-        update_s.append(time.perf_counter() - t)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        update_s.append(now() - t)
     # the float32 variant's samples, scored by this variant's first weights (reloaded: the update moved them)
     shared = work / "fp32_samples.pt"
     if name == "float32":
@@ -114,7 +119,8 @@ def worker(work: Path, name: str, device: str, repeats: int) -> dict:
         "update_s": statistics.median(update_s),
         "rollout_vs_update": consistency,
         "vs_fp32": _abs_diff(scored, exact, saved["tensors"]["response_mask"]),
-        "peak_growth_mb": peak_rss_mb() - before,
+        # on a GPU the memory that matters is the device's, not the host's RSS
+        "peak_growth_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mb() - before,
         "param_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
     }
 
@@ -149,7 +155,8 @@ def main() -> None:
     base = rows["float32"]
     print(
         f"{'variant':27s} {'weights':>8s} {'decode tok/s':>12s} {'log-prob s':>10s} {'update s':>8s} "
-        f"{'update vs fp32':>14s} {'rollout-update max/mean':>24s} {'vs fp32 max/mean':>18s} {'peak MB':>8s}"
+        f"{'update vs fp32':>14s} {'rollout-update max/mean':>24s} {'vs fp32 max/mean':>18s} "
+        f"{'peak GPU MB' if args.device.startswith('cuda') else 'peak MB':>8s}"
     )
     for name, r in rows.items():
         ru, vf = r["rollout_vs_update"], r["vs_fp32"]

@@ -56,6 +56,14 @@ def test_two_roles_on_one_device_without_colocation_is_an_error_naming_both():
             "placement.rollout.devices=[cuda:0, cuda:1]",
             "placement.critic.devices=[cuda:1]",
         )
+    # in one process a pool's rank uses trainer.device: `cuda` is cuda:0, which an explicit device may name
+    on_gpu = ("trainer.device=cuda", "algorithm.adv_estimator=gae", "placement.colocate=[[actor, rollout]]")
+    with pytest.raises(ConfigError, match=r"roles 'actor' and 'critic' are both placed on cuda:0"):
+        _placement(*on_gpu, "placement.critic.devices=[cuda:0]")
+    assert [p.device for p in plan_groups(_placement(*on_gpu, "placement.critic.devices=[cuda:1]"))] == [
+        "cuda",
+        "cuda:1",
+    ]
 
 
 def test_separate_pools_and_placement_errors():
@@ -136,3 +144,19 @@ def test_a_killed_worker_is_named_not_a_hang(probe_group):
     os.kill(pids, signal.SIGKILL)
     with pytest.raises(WorkerDiedError, match=r"role=probe rank=0 died during 'where'"):
         probe_group.where(Batch(tensors={"x": torch.arange(2)}))
+
+
+def test_local_cuda_index_picks_the_gpu_ray_assigned(monkeypatch):
+    ray = pytest.importorskip("ray")
+    from lucidrl.controller.distributed import local_cuda_index
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: [3])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # Ray's default: the rank sees its GPU alone
+    assert local_cuda_index() == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES
+    assert local_cuda_index() == 3
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert local_cuda_index() == 3
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])  # no GPU asked for
+    assert local_cuda_index() == 0

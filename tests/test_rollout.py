@@ -180,3 +180,39 @@ def test_sample_tokens_at_the_top_of_the_cdf_never_lands_on_a_filtered_token(mon
     probs = torch.tensor([[0.2, 0.8, 0.0, 0.0]])  # the last two filtered out (top-k / top-p)
     monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(*a[0], dtype=k.get("dtype")))
     assert decode.sample_tokens(probs).tolist() == [1]
+
+
+def test_shared_prefix_scores_stay_float32_under_autocast():
+    """Under bf16 autocast (model.compute_dtype) the score matmuls would run in bf16 again (~1e-2 off);
+    the attention keeps them float32: within float32 rounding of a float64 softmax attention."""
+    import types
+
+    from lucidrl.workers.decode import SharedPrefix, shared_prefix_attention
+
+    torch.manual_seed(0)
+    bs, n, heads, kv_heads, d, P, t = 2, 3, 4, 2, 16, 7, 5
+    keys, values = torch.randn(bs, kv_heads, P, d), torch.randn(bs, kv_heads, P, d)
+    mask = torch.ones(bs, P, dtype=torch.bool)
+    mask[1, :2] = False  # left padding
+    prefix = SharedPrefix(keys.transpose(-1, -2).contiguous(), [], mask, n, torch.arange(bs * n))
+    prefix.keys_t, prefix.values = [prefix.keys_t], [values]
+    q, k_own, v_own = (
+        torch.randn(bs * n, heads, 1, d),
+        torch.randn(bs * n, kv_heads, t, d),
+        torch.randn(bs * n, kv_heads, t, d),
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = shared_prefix_attention(
+            types.SimpleNamespace(layer_idx=0), q, k_own, v_own, None, shared_prefix=prefix
+        )
+    # reference: each row's softmax over its prompt's real positions and its own tokens, in float64
+    g = heads // kv_heads
+    rows = torch.arange(bs * n)
+    k_all = torch.cat([keys.repeat_interleave(n, 0), k_own], 2).double().repeat_interleave(g, 1)
+    v_all = torch.cat([values.repeat_interleave(n, 0), v_own], 2).double().repeat_interleave(g, 1)
+    keep = torch.cat([mask.repeat_interleave(n, 0), torch.ones(bs * n, t, dtype=torch.bool)], 1)
+    scores = (q.double() @ k_all.transpose(-1, -2)) * d**-0.5
+    scores = scores.masked_fill(~keep[rows][:, None, None, :], float("-inf"))
+    expected = (scores.softmax(-1) @ v_all)[:, :, 0, :]
+    assert out.dtype == torch.float32 and out.shape == (bs * n, 1, heads, d)
+    assert (out[:, 0].double() - expected).abs().max() < 1e-5

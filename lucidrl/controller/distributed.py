@@ -63,10 +63,32 @@ def init_process_group(info: DistInfo) -> float:
         MASTER_PORT=str(info.master_port),
         RANK=str(info.rank),
         WORLD_SIZE=str(info.world_size),
-        LOCAL_RANK="0",
+        # the GPU this rank set as current (local_cuda_index), which vLLM's engine also takes
+        LOCAL_RANK=str(torch.cuda.current_device()) if info.backend == "nccl" else "0",
     )
     dist.init_process_group(backend=info.backend, rank=info.rank, world_size=info.world_size)
     return time.perf_counter() - start
+
+
+def local_cuda_index() -> int:
+    """The index, among the GPUs this process sees, of the one Ray assigned to it (a rank asks for one).
+
+    Ray normally sets CUDA_VISIBLE_DEVICES to that GPU alone, so it is cuda:0. A cluster with
+    RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES shows every rank all the node's GPUs; then the rank
+    must pick its own, or all of them would use cuda:0 (verl handles the same case). 0 outside Ray.
+    """
+    try:
+        import ray
+
+        assigned = [str(i) for i in ray.get_gpu_ids()] if ray.is_initialized() else []
+    except ImportError:
+        assigned = []
+    if not assigned:
+        return 0
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible:
+        return visible.index(assigned[0]) if assigned[0] in visible else 0
+    return int(assigned[0])
 
 
 def wrap_for_training(model: torch.nn.Module, strategy: str, device: str) -> torch.nn.Module:

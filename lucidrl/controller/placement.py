@@ -53,6 +53,15 @@ def _devices_of(cfg: LucidConfig, role: str) -> tuple[str, ...]:
     )
 
 
+def _local_gpus(cfg: LucidConfig, role: str) -> tuple[str, ...]:
+    """On the local backend, the GPUs a role's rank uses: its explicit devices, or trainer.device for
+    a pool, with `cuda` read as `cuda:0` (the current device of a fresh process). The CPU is shared
+    by design and not listed."""
+    p = getattr(cfg.placement, role)
+    names = p.devices or [cfg.trainer.device]
+    return tuple("cuda:0" if name == "cuda" else name for name in names if name.startswith("cuda"))
+
+
 def plan_groups(cfg: LucidConfig) -> list[GroupPlan]:
     """The worker groups of this run; a config error for overlapping devices or unsupported splits."""
     pl = cfg.placement
@@ -106,6 +115,8 @@ def plan_groups(cfg: LucidConfig) -> list[GroupPlan]:
         for b in range(a + 1, len(plans)):
             ra, rb = sorted(plans[a].roles)[0], sorted(plans[b].roles)[0]
             shared = sorted(set(_devices_of(cfg, ra)) & set(_devices_of(cfg, rb)))
+            if not shared and cfg.trainer.backend == "local":  # pool slots are GPUs of this process too
+                shared = sorted(set(_local_gpus(cfg, ra)) & set(_local_gpus(cfg, rb)))
             if shared:
                 raise ConfigError(
                     f"roles {ra!r} and {rb!r} are both placed on {shared[0]} but not colocated: they would compete "

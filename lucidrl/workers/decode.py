@@ -197,36 +197,37 @@ def shared_prefix_attention(
     rows, heads = query.shape[:2]
     g, n = heads // kv_heads, prefix.n
     scale = scaling if scaling is not None else d**-0.5
-    # scores and their merge in float32 whatever the model's dtype; the scale goes on the (rows, heads,
-    # d) queries rather than on the scores
-    q = query[:, :, 0, :].float() * scale
-    key, value = key.float(), value.float()
-    # prompt part: all n rows of a prompt against its keys at once; rows that ended contribute zeros
-    q_all = q.new_zeros((bs * n, heads, d))
-    q_all[prefix.slots] = q
-    q_all = q_all.view(bs, n, kv_heads, g, d).transpose(1, 2).reshape(bs * kv_heads, n * g, d)
-    s_p = torch.baddbmm(prefix.bias(kv_heads), q_all, k_t.view(bs * kv_heads, d, -1)).view(
-        bs, kv_heads, n * g, -1
-    )
-    m_p = s_p.amax(-1, keepdim=True)  # every prompt has a real position: finite
-    e_p = torch.exp(s_p - m_p)
-    l_p, o_p = e_p.sum(-1, keepdim=True), torch.matmul(e_p, v_p)
+    # scores and their merge in float32 whatever the model's dtype, and outside autocast (which would
+    # run the matmuls in bf16 again); the scale goes on the (rows, heads, d) queries, not the scores
+    with torch.autocast(query.device.type, enabled=False):
+        q = query[:, :, 0, :].float() * scale
+        key, value = key.float(), value.float()
+        # prompt part: all n rows of a prompt against its keys at once; rows that ended contribute zeros
+        q_all = q.new_zeros((bs * n, heads, d))
+        q_all[prefix.slots] = q
+        q_all = q_all.view(bs, n, kv_heads, g, d).transpose(1, 2).reshape(bs * kv_heads, n * g, d)
+        s_p = torch.baddbmm(prefix.bias(kv_heads), q_all, k_t.view(bs * kv_heads, d, -1)).view(
+            bs, kv_heads, n * g, -1
+        )
+        m_p = s_p.amax(-1, keepdim=True)  # every prompt has a real position: finite
+        e_p = torch.exp(s_p - m_p)
+        l_p, o_p = e_p.sum(-1, keepdim=True), torch.matmul(e_p, v_p)
 
-    def per_row(x: torch.Tensor) -> torch.Tensor:  # (bs, kv_heads, n * g, c) -> (rows, heads, c)
-        x = x.view(bs, kv_heads, n, g, -1).transpose(1, 2).reshape(bs * n, heads, -1)
-        return x[prefix.slots]
+        def per_row(x: torch.Tensor) -> torch.Tensor:  # (bs, kv_heads, n * g, c) -> (rows, heads, c)
+            x = x.view(bs, kv_heads, n, g, -1).transpose(1, 2).reshape(bs * n, heads, -1)
+            return x[prefix.slots]
 
-    o_p, m_p, l_p = per_row(o_p), per_row(m_p), per_row(l_p)
-    # own part: each row's query against its own generated tokens
-    s_r = torch.matmul(q.reshape(rows, kv_heads, g, d), key.transpose(-1, -2))
-    m_r = s_r.amax(-1, keepdim=True)
-    e_r = torch.exp(s_r - m_r)
-    l_r = e_r.sum(-1, keepdim=True).reshape(rows, heads, 1)
-    o_r = torch.matmul(e_r, value).reshape(rows, heads, d)
-    m_r = m_r.reshape(rows, heads, 1)
-    m = torch.maximum(m_p, m_r)
-    a_p, a_r = torch.exp(m_p - m), torch.exp(m_r - m)
-    out = (o_p * a_p + o_r * a_r) / (l_p * a_p + l_r * a_r)
+        o_p, m_p, l_p = per_row(o_p), per_row(m_p), per_row(l_p)
+        # own part: each row's query against its own generated tokens
+        s_r = torch.matmul(q.reshape(rows, kv_heads, g, d), key.transpose(-1, -2))
+        m_r = s_r.amax(-1, keepdim=True)
+        e_r = torch.exp(s_r - m_r)
+        l_r = e_r.sum(-1, keepdim=True).reshape(rows, heads, 1)
+        o_r = torch.matmul(e_r, value).reshape(rows, heads, d)
+        m_r = m_r.reshape(rows, heads, 1)
+        m = torch.maximum(m_p, m_r)
+        a_p, a_r = torch.exp(m_p - m), torch.exp(m_r - m)
+        out = (o_p * a_p + o_r * a_r) / (l_p * a_p + l_r * a_r)
     return out[:, None].to(query.dtype), None
 
 

@@ -28,6 +28,7 @@ from lucidrl.controller.distributed import (
     DistInfo,
     full_state_dict,
     init_process_group,
+    local_cuda_index,
     unwrap,
     wrap_for_training,
 )
@@ -64,6 +65,10 @@ class PolicyWorker:
         if dist_info is not None:  # in-process, the trainer has seeded already
             random.seed(cfg.trainer.seed)  # every rank builds the same weights (any random init included)
             torch.manual_seed(cfg.trainer.seed)
+        if dist_info is not None and device == "cuda":  # a Ray rank: its own GPU current before NCCL starts
+            index = local_cuda_index()
+            torch.cuda.set_device(index)
+            device = f"cuda:{index}"
         self.device = device
         if dist_info is not None and dist_info.world_size > 1:
             seconds = init_process_group(dist_info)
@@ -91,7 +96,7 @@ class PolicyWorker:
                     copy.deepcopy(model),
                     micro_batch_size=cfg.actor.log_prob_micro_batch_size,
                     temperature=cfg.rollout.temperature,
-                    share_prompt=cfg.actor.share_prompt_forward,
+                    share_prompt=cfg.actor.share_prompt_forward and cfg.rollout.n > 1,
                     length_sorted=cfg.actor.length_sorted_micro_batches,
                     max_tokens=ref_max_tokens,
                     head_chunk_tokens=cfg.actor.head_chunk_tokens,
@@ -121,7 +126,7 @@ class PolicyWorker:
                 ref,
                 micro_batch_size=cfg.actor.log_prob_micro_batch_size,
                 temperature=cfg.rollout.temperature,
-                share_prompt=cfg.actor.share_prompt_forward,
+                share_prompt=cfg.actor.share_prompt_forward and cfg.rollout.n > 1,
                 length_sorted=cfg.actor.length_sorted_micro_batches,
                 max_tokens=ref_max_tokens,
                 head_chunk_tokens=cfg.actor.head_chunk_tokens,
@@ -181,6 +186,8 @@ class PolicyWorker:
             return VLLMRollout(
                 m.path,
                 self.tokenizer,
+                tokenizer_path=m.tokenizer_path,
+                trust_remote_code=m.trust_remote_code,
                 eos_ids=eos_ids,
                 dtype=m.compute_dtype or m.dtype,  # vLLM casts float32 master weights to it
                 gpu_memory_utilization=v.gpu_memory_utilization,
@@ -211,33 +218,44 @@ class PolicyWorker:
             )
         return what
 
+    # Batches arrive on the CPU (the trainer's side) and go back there: each method moves its input to
+    # this rank's device and its output to the CPU, as verl's workers do. On a GPU the models would
+    # otherwise get CPU token ids, and NCCL refuses CPU tensors.
+    def _in(self, batch: Batch) -> Batch:
+        return batch.to(self.device)
+
+    @staticmethod
+    def _out(batch: Batch) -> Batch:
+        return batch.to("cpu")
+
     @dispatch(Dispatch.DP)
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
-        return self._need("rollout", self.rollout).generate(prompts, params)
+        return self._out(self._need("rollout", self.rollout).generate(self._in(prompts), params))
 
     @dispatch(Dispatch.DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
-        return self._need("actor", self.actor).compute_log_prob(batch)
+        return self._out(self._need("actor", self.actor).compute_log_prob(self._in(batch)))
 
     @dispatch(Dispatch.DP)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        return self._need("reference", self.reference).compute_log_prob(batch)
+        return self._out(self._need("reference", self.reference).compute_log_prob(self._in(batch)))
 
     @dispatch(Dispatch.DP)
     def compute_values(self, batch: Batch) -> Batch:
-        return self._need("critic", self.critic).compute_values(batch)
+        return self._out(self._need("critic", self.critic).compute_values(self._in(batch)))
 
     @dispatch(Dispatch.DP)
     def compute_rm_score(self, batch: Batch) -> Batch:
-        return self._need("reward_model", self.reward_model).compute_rm_score(batch)
+        # the reward model re-tokenizes the text and moves its own inputs: the batch stays on the CPU
+        return self._out(self._need("reward_model", self.reward_model).compute_rm_score(batch))
 
     @dispatch(Dispatch.DP_EXACT)
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        return self._need("actor", self.actor).update(batch)
+        return self._need("actor", self.actor).update(self._in(batch))
 
     @dispatch(Dispatch.DP_EXACT)
     def update_critic(self, batch: Batch) -> dict[str, float]:
-        return self._need("critic", self.critic).update(batch)
+        return self._need("critic", self.critic).update(self._in(batch))
 
     @dispatch(Dispatch.ALL)
     def sync_rollout(self) -> str:
@@ -349,5 +367,6 @@ class PolicyWorker:
     def full_weights(self) -> dict[str, torch.Tensor]:
         """The actor's full weights (for tests comparing placements)."""
         return {
-            k: v.detach().clone() for k, v in full_state_dict(self._need("actor", self.actor).model).items()
+            k: v.detach().to("cpu", copy=True)
+            for k, v in full_state_dict(self._need("actor", self.actor).model).items()
         }
