@@ -25,8 +25,10 @@ from pathlib import Path
 
 import torch
 
+MAX_PROMPT = 4096  # prompt tokens the engines are sized for (K&K prompts of 2-4 people are ~300)
 
-def build(work: Path, hidden: int, layers: int, n_prompts: int):
+
+def build(work: Path, hidden: int, layers: int, n_prompts: int, max_new: int):
     from lucidrl.data.dataset import load_prompts
     from lucidrl.data.kk import write_kk_parquet
     from lucidrl.models import build_tiny_model, load_tokenizer
@@ -37,9 +39,11 @@ def build(work: Path, hidden: int, layers: int, n_prompts: int):
     info = build_tiny_model(
         work / "model", kk_tokenizer_corpus(0), hidden_size=hidden, num_layers=layers, num_heads=heads,
         num_kv_heads=max(1, heads // 4), seed=0,
+        # vLLM refuses a max_model_len above the model's max_position_embeddings
+        max_position_embeddings=MAX_PROMPT + max_new,
     )  # fmt: skip
     tok = load_tokenizer(info["path"])
-    samples, _ = load_prompts([data["train"]], tok, max_prompt_length=4096)
+    samples, _ = load_prompts([data["train"]], tok, max_prompt_length=MAX_PROMPT)
     return info, tok, samples
 
 
@@ -76,7 +80,7 @@ def main() -> None:
 
     results: dict[str, tuple[list[float], list[int], float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        info, tok, samples = build(Path(tmp), args.hidden, args.layers, args.prompts)
+        info, tok, samples = build(Path(tmp), args.hidden, args.layers, args.prompts, args.max_new)
         print(
             f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, {info['num_parameters'] / 1e6:.0f}M params, {dtype}"
         )
@@ -124,7 +128,7 @@ def main() -> None:
             f"  sampled-token log-prob |vLLM - HF forward|: max {check['lp_max']:.4f}, mean {check['lp_mean']:.5f} "
             f"(the checkpoint vLLM loaded, before the push: mean {check['lp_mean_before']:.3f})\n"
             f"  push {check['push_s']:.2f} s, generate with sleep/wake {check['gen_s']:.2f} s, GPU memory in use "
-            f"while asleep {check['asleep_gib']:.2f} GiB (awake {check['awake_gib']:.2f} GiB)"
+            f"while asleep {check['asleep_gib']:.2f} GiB (awake, weights and KV cache: {check['awake_gib']:.2f} GiB)"
         )
 
 
@@ -136,7 +140,7 @@ def vllm_engine_check(info, tok, model, batch, samples, args, dtype) -> dict:
 
     engine = VLLMRollout(
         info["path"], tok, eos_ids=eos_token_ids(model, tok), dtype=str(dtype).removeprefix("torch."),
-        gpu_memory_utilization=0.5, max_model_len=4096 + args.max_new, enable_sleep_mode=True, seed=0,
+        gpu_memory_utilization=0.5, max_model_len=MAX_PROMPT + args.max_new, enable_sleep_mode=True, seed=0,
     )  # fmt: skip
     params = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.max_new)
 
@@ -158,6 +162,7 @@ def vllm_engine_check(info, tok, model, batch, samples, args, dtype) -> dict:
     engine.load_weights(dict(model.named_parameters()))
     torch.cuda.synchronize()
     push_s = time.perf_counter() - start
+    engine._wake("kv_cache")  # what generate wakes first: the memory it holds while generating
     awake = torch.cuda.mem_get_info()
     start = time.perf_counter()
     out = engine.generate(batch, params)

@@ -80,12 +80,12 @@ def _train_config(tmp_path, kk_data, tiny_model, rollout):
         tiny_model,
         data={"max_response_length": 12},
         rollout={"n": 2, **rollout},
-        # old log-probs recomputed by the actor, so rollout/logprob_diff_max compares engine and actor
+        # one epoch of one mini-batch: on-policy, yet a server's log-probs are not reused as the old
+        # ones (only the hf engine's are), so rollout/logprob_diff_max compares engine and actor
         actor={
             "optim": {"lr": 1e-2},
             "ppo_mini_batch_size": 4,
             "ppo_micro_batch_size": 8,
-            "reuse_rollout_log_probs": False,
             "use_kl_loss": False,
         },
     )
@@ -104,6 +104,7 @@ def test_training_through_a_server_pushes_the_actor_weights_every_step(
     # the server sampled with the actor's current weights at every step: its log-probs equal the
     # actor's (a server left on the start weights differs by ~1 after a step at lr 1e-2)
     assert [r["step"] for r in records] == [0, 1, 2]
+    assert all("timing_s/old_log_prob" in r for r in records[1:])  # the actor recomputed them
     for r in records[1:]:
         assert r["rollout/logprob_diff_max"] < 1e-3, r["rollout/logprob_diff_max"]
     assert server.engine.weights_version == 3  # at start, after step 1, after step 2
@@ -195,6 +196,7 @@ class FakeLLM:
 
     def generate(self, prompts, sampling_params, use_tqdm):
         self.calls.append(("generate", len(prompts)))
+        self.sampling = sampling_params
         outs = []
         for p, sp in zip(prompts, sampling_params, strict=True):
             ids = torch.tensor([p["prompt_token_ids"]])
@@ -230,6 +232,7 @@ def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_mode
     )
     llm = made["llm"]
     assert llm.kwargs["seed"] == 8 and llm.kwargs["logprobs_mode"] == "processed_logprobs"
+    assert llm.kwargs["tokenizer"] == str(tiny_model["path"]) and llm.kwargs["trust_remote_code"] is False
     assert llm.kwargs["enable_sleep_mode"] and llm.calls == [("sleep", 1)]  # asleep until it is used
     samples, _ = load_prompts([kk_data["train"]], tiny_tokenizer, max_prompt_length=2048)
     batch = collate(samples[:2], tiny_tokenizer.pad_token_id)
@@ -263,3 +266,9 @@ def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_mode
     del llm.calls[:]
     assert len(engine.generate(batch, params)) == 4
     assert llm.calls == [("wake", ("weights",)), ("wake", ("kv_cache",)), ("generate", 2), ("sleep", 1)]
+    # greedy with n > 1 (vLLM refuses it): one sample asked for per prompt, repeated n times
+    greedy = engine.generate(batch, SamplingParams(n=3, do_sample=False, max_new_tokens=6))
+    assert [sp.n for sp in llm.sampling] == [1, 1] and {sp.temperature for sp in llm.sampling} == {0.0}
+    assert len(greedy) == 6 and "rollout_log_probs" not in greedy
+    for row in range(6):
+        assert torch.equal(greedy["responses"][row], greedy["responses"][row - row % 3])

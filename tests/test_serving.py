@@ -47,12 +47,13 @@ def test_health_and_models(served, tiny_model):
 
 def test_greedy_through_the_server_equals_hf_rollout(served, kk_data, local_model, tiny_tokenizer):
     batch = _prompts(kk_data, tiny_tokenizer)
-    params = SamplingParams(n=1, do_sample=False, max_new_tokens=16)
+    # n=2 greedy: one sample asked for per prompt (vLLM refuses n > 1 at temperature 0), repeated
+    params = SamplingParams(n=2, do_sample=False, max_new_tokens=16)
     local = HFRollout(local_model, tiny_tokenizer).generate(batch, params)
     remote = ServerRollout(served.url, tiny_tokenizer, timeout_s=30).generate(batch, params)
     assert torch.equal(remote["responses"], local["responses"])
     assert torch.equal(remote["response_mask"], local["response_mask"])
-    assert "rollout_log_probs" not in remote and remote["uid"] == batch["uid"]
+    assert "rollout_log_probs" not in remote and remote["uid"] == [u for u in batch["uid"] for _ in range(2)]
     assert remote["response_mask"].sum() > 3  # real responses, not an immediate eos
 
 

@@ -35,6 +35,7 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0, 0.0, None),
     "frequency_penalty": (0, 0.0, None),
     "repetition_penalty": (1, 1.0, None),
+    "min_p": (0, 0.0, None),
     "logit_bias": (None, {}),
     "best_of": (None, 1),
     "skip_special_tokens": (True, None),

@@ -102,8 +102,11 @@ class PPOTrainer:
         # bf16 compute: the decode loop's incremental forwards and the update's full forward round
         # differently, so the old log-probs come from the update's own forward (ratio 1 at the start)
         self.mixed_precision = autocast_dtype(cfg.model.dtype, cfg.model.compute_dtype) is not None
+        # provably the actor's own numbers: only the hf engine samples with the actor's forward (vLLM's
+        # kernels round differently, and take log-probs after top-k / top-p; a server may hold other weights)
         self.on_policy = (
             a.reuse_rollout_log_probs
+            and cfg.rollout.name == "hf"
             and a.ppo_epochs == 1
             and a.ppo_mini_batch_size == cfg.data.train_batch_size
             and not self.mixed_precision

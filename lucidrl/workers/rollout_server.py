@@ -19,6 +19,7 @@ does; vLLM's server returns them before temperature unless started with
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -113,14 +114,20 @@ class ServerRollout:
             row[mask.bool()].tolist()
             for row, mask in zip(batch["prompts"].cpu(), batch["prompt_mask"].cpu(), strict=True)
         ]
+        # greedy samples of a prompt are all the same, and vLLM refuses n > 1 at temperature 0: ask once
+        n = params.n if params.do_sample else 1
         payload: dict[str, Any] = {
             "model": self.model_name,
             "prompt": prompts,
-            "n": params.n,
+            "n": n,
             "max_tokens": params.max_new_tokens,
             "temperature": params.temperature if params.do_sample else 0.0,
             "top_p": params.top_p if params.do_sample else 1.0,
             "top_k": params.top_k if params.do_sample else -1,
+            # vLLM's server fills unsent penalties from the model's generation_config (Qwen2.5-Instruct:
+            # repetition_penalty 1.05), which would sample from another distribution than the actor's
+            "repetition_penalty": 1.0,
+            "min_p": 0.0,
             "return_token_ids": True,
         }
         if params.do_sample:
@@ -133,9 +140,8 @@ class ServerRollout:
             raise RolloutServerError(
                 f"{self.base_url}/v1/completions answered HTTP {status}: {_error_message(body)}"
             )
-        ids, logps = self._parse_choices(
-            body, expected=len(prompts) * params.n, want_logprobs=params.do_sample
-        )
+        ids, logps = self._parse_choices(body, expected=len(prompts) * n, want_logprobs=params.do_sample)
+        ids = [tokens for tokens in ids for _ in range(params.n // n)]
 
         return batch_from_token_lists(batch, params, ids, logps, self.pad_id, self.eos_ids)
 
@@ -183,14 +189,14 @@ class ServerRollout:
                 status, raw = resp.status, resp.read()
         except urllib.error.HTTPError as e:
             status, raw = e.code, e.read()
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+        except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as e:
             reason = e.reason if isinstance(e, urllib.error.URLError) else e
             raise RolloutServerError(
-                f"{purpose} {method} {url} failed (timeout_s={self.timeout_s}): "
+                f"{purpose} {method} {url} failed (rollout.server.timeout_s={self.timeout_s}): "
                 f"{type(reason).__name__}: {reason}. Check that the server is running and listening on "
                 f"that host and port (`lucidrl serve MODEL --port PORT` or `vllm serve MODEL --port PORT`), "
-                "and that base_url/host/port point at it; a server still loading its model may need a "
-                "larger timeout_s."
+                "and that base_url/host/port point at it; a server still loading its model, or a long "
+                "generation, may need a larger rollout.server.timeout_s."
             ) from e
         text = raw.decode("utf-8", errors="replace")
         try:

@@ -12,7 +12,12 @@ nothing is re-tokenized.
   GPU; they wake up for the next push or generation. (Level 2 would discard the weights, and a second
   generation before the next push, such as validation or ReMax's greedy baseline, would have none.)
 - Log-probs: vLLM is started with `logprobs_mode="processed_logprobs"`, so the sampled tokens'
-  log-probs are taken after temperature, top-k and top-p, as HFRollout's are.
+  log-probs are of the temperature-scaled distribution, as the actor's forward computes them. vLLM
+  takes them after top-k and top-p too (renormalised over the kept tokens), where HFRollout and the
+  actor take them before: with top-k or top-p on, vLLM's are higher. Either way the trainer never
+  uses them as the old log-probs (`actor.reuse_rollout_log_probs` applies to `rollout.name=hf`
+  only: vLLM's kernels round differently from the actor's forward); they feed the
+  `rollout/logprob_diff_*` metrics, which measure that gap.
 - Each rank runs its own engine in its own process (tensor parallel 1; `external_launcher`, as in
   TRL's colocated mode) on its share of the prompts.
 
@@ -22,6 +27,7 @@ vLLM is an optional extra (`pip install 'lucidrl[vllm]'`, CUDA only); the config
 
 from __future__ import annotations
 
+import gc
 import os
 import zlib
 from collections.abc import Callable
@@ -41,6 +47,8 @@ class VLLMRollout:
         model_path: str,
         tokenizer: Any,
         *,
+        tokenizer_path: str | None = None,
+        trust_remote_code: bool = False,
         eos_ids: list[int],
         dtype: str,
         gpu_memory_utilization: float,
@@ -64,12 +72,20 @@ class VLLMRollout:
 
             llm_factory, sampling_params_cls = LLM, VLLMSamplingParams
             # external_launcher: vLLM runs in this process and joins the ranks' torch.distributed world
-            for key, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", world_size)):
+            # (init_process_group set these with several ranks; one rank alone gets a free port, so two
+            # runs on one host do not collide). LOCAL_RANK: the GPU PolicyWorker made current.
+            local = torch.cuda.current_device() if torch.cuda.is_initialized() else 0  # its GPU, as set
+            for key, value in (("RANK", rank), ("LOCAL_RANK", local), ("WORLD_SIZE", world_size)):
                 os.environ.setdefault(key, str(value))
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", "29513")
+            if "MASTER_PORT" not in os.environ:
+                from lucidrl.controller.distributed import pick_port
+
+                os.environ["MASTER_PORT"] = str(pick_port("127.0.0.1", None))
         self.llm = llm_factory(
             model=model_path,
+            tokenizer=tokenizer_path or model_path,
+            trust_remote_code=trust_remote_code,
             dtype=dtype,
             tensor_parallel_size=1,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -94,6 +110,11 @@ class VLLMRollout:
             self.llm.wake_up(tags=["weights"])
             self.weights_awake = True
         elif tag == "kv_cache" and not self.kv_awake:
+            # blocks the training step freed stay in PyTorch's cache, out of vLLM's reach: hand them
+            # back before the KV cache is allocated again (verl does the same)
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             self.llm.wake_up(tags=["kv_cache"])
             self.kv_awake = True
 
@@ -127,6 +148,8 @@ class VLLMRollout:
             for row, mask in zip(batch["prompts"].cpu(), batch["prompt_mask"].cpu(), strict=True)
         ]
         uids = batch.non_tensors.get("uid")
+        # greedy samples of a prompt are all the same, and vLLM refuses n > 1 at temperature 0: ask once
+        n = params.n if params.do_sample else 1
         sampling = []
         for i in range(len(prompts)):
             seed = None
@@ -134,7 +157,7 @@ class VLLMRollout:
                 seed = params.seed + zlib.crc32(str(uids[i] if uids is not None else i).encode())
             sampling.append(
                 self._sampling_cls(
-                    n=params.n,
+                    n=n,
                     temperature=params.temperature if params.do_sample else 0.0,
                     top_p=params.top_p if params.do_sample else 1.0,
                     top_k=params.top_k if params.do_sample and params.top_k > 0 else -1,
@@ -157,13 +180,11 @@ class VLLMRollout:
                 self._sleep()
         ids, logps = [], []
         for out in outputs:
-            if len(out.outputs) != params.n:
-                raise RuntimeError(
-                    f"vLLM returned {len(out.outputs)} samples for a prompt, expected {params.n}"
-                )
+            if len(out.outputs) != n:
+                raise RuntimeError(f"vLLM returned {len(out.outputs)} samples for a prompt, expected {n}")
             for sample in out.outputs:
                 tokens = [int(t) for t in sample.token_ids]
-                ids.append(tokens)
+                ids.extend([tokens] * (params.n // n))
                 if params.do_sample:
                     if sample.logprobs is None or len(sample.logprobs) != len(tokens):
                         raise RuntimeError(
