@@ -8,7 +8,8 @@ in value and gradient. The architectures stand for what users bring: Llama's and
 (q/k norms), Mistral's sliding window (decoded without the shared prefix, with a warning), Gemma 2's
 sliding layers and soft-capped logits, Phi-3's fused projections, GPT-2's absolute positions and
 Conv1D layers, GPT-NeoX's partial rotary and parallel residual, Granite's scaled logits and a
-Qwen3 mixture of experts.
+Qwen3 mixture of experts. And `lucidrl train` end to end on a Llama folder with a critic (PPO) and
+on a GPT-2 folder with LoRA, the tiny model's tokenizer beside them, exported as HF models.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 import transformers as T
 
 from lucidrl.batch import Batch
+from lucidrl.cli import main
 from lucidrl.workers.decode import sample_group
 from lucidrl.workers.forward import response_log_probs
 from lucidrl.workers.rollout_hf import response_mask_from_ids
@@ -130,3 +132,55 @@ def test_sampling_log_probs_and_shared_prompt_forward_match_the_full_forward(nam
             torch.testing.assert_close(lp * response_mask, full * response_mask, atol=1e-5, rtol=0)
     for g_full, g_shared in zip(*grads, strict=True):
         torch.testing.assert_close(g_shared, g_full, atol=1e-4, rtol=1e-4)
+
+
+def _model_folder(tiny_model, tmp_path, name: str, config) -> str:
+    """A HuggingFace folder of `config`'s architecture with the tiny model's tokenizer files."""
+    import shutil
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from lucidrl.models import load_tokenizer
+
+    tok = load_tokenizer(str(tiny_model["path"]))
+    config.vocab_size = tiny_model["vocab_size"]
+    config.pad_token_id, config.eos_token_id, config.bos_token_id = tok.pad_token_id, tok.eos_token_id, None
+    folder = tmp_path / name
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    for f in Path(tiny_model["path"]).iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "special_tokens_map.json"):
+            shutil.copy(f, folder / f.name)
+    return str(folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, extra",
+    [
+        ("llama", ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-3"]),  # a critic of its own class
+        ("gpt2", ["model.lora_rank=4"]),  # LoRA on Conv1D layers, merged into the exported model
+    ],
+)
+def test_lucidrl_train_runs_other_architectures_end_to_end(name, extra, tmp_path, kk_data, tiny_model):
+    from helpers import toy_train_args
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+    from transformers import AutoModelForCausalLM as Auto
+
+    config = {
+        "llama": T.LlamaConfig(**{**COMMON, "max_position_embeddings": 1024}),
+        "gpt2": T.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=1024),
+    }[name]
+    folder = _model_folder(tiny_model, tmp_path, name, config)
+    args = toy_train_args(tmp_path, kk_data, {"path": folder})
+    common = ["data.train_batch_size=4", "rollout.n=4", "data.max_response_length=12",
+              "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=4", "trainer.total_training_steps=2"]  # fmt: skip
+    assert main([*args, *common, *extra]) == 0
+    final = tmp_path / "run" / "final"
+    assert AutoConfig.from_pretrained(final).model_type == config.model_type
+    exported = Auto.from_pretrained(final)  # a plain HF model (LoRA merged), loadable as such
+    start = load_file(f"{folder}/model.safetensors")
+    after = {k: v for k, v in exported.state_dict().items() if k in start}
+    assert max((after[k] - start[k]).abs().max().item() for k in after) > 0  # training moved weights
