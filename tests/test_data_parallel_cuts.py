@@ -72,6 +72,14 @@ def _rank(rank: int, port: int, model_path: str, strategy: str, out: str) -> Non
     actor = ActorWorker(model, _config(_budget(batch)), temperature=1.0, samples_per_prompt=N, world_size=2)
     counts = [len(actor._micro_batches(share))]
     log_probs = actor.compute_log_prob(share)["old_log_probs"]
+    if strategy == "fsdp2":  # the reference is sharded like the actor: its forwards are collectives too
+        from lucidrl.workers.actor import ReferenceWorker
+
+        reference = ReferenceWorker(
+            wrap_for_training(load_model(model_path).requires_grad_(False), "fsdp2", "cpu"),
+            micro_batch_size=16, temperature=1.0, max_tokens=_budget(batch), world_size=2,
+        )  # fmt: skip
+        assert reference.compute_log_prob(share)["ref_log_probs"].allclose(log_probs, atol=1e-5)
     actor.update(share)
     state = full_state_dict(actor.model)
     if rank == 0:

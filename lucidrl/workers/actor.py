@@ -65,8 +65,10 @@ class ReferenceWorker:
         head_chunk_tokens: int = 0,
         compute_dtype: torch.dtype | None = None,
         compiled: bool = False,
+        world_size: int = 1,
     ):
         self.model = model.eval().requires_grad_(False)
+        self.world_size = world_size  # > 1: the model is sharded (FSDP2) over that many ranks
         self.head_chunk_tokens = head_chunk_tokens
         self.compiled = compiled  # fused torch.compile'd log-probs (actor.use_torch_compile)
         self.compute_dtype = compute_dtype  # autocast dtype (model.compute_dtype); None: the weights'
@@ -93,6 +95,7 @@ class ReferenceWorker:
                 self.max_tokens,
                 self.head_chunk_tokens,
                 self.compiled,
+                world_size=self.world_size,
             )
         return Batch(tensors={"ref_log_probs": lp * batch["response_mask"]})
 

@@ -85,24 +85,12 @@ class PolicyWorker:
         self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
         self.actor = self.rollout = self.reference = self.critic = self.reward_model = None
         sharded = self.world_size > 1
-        a = cfg.actor
-        ref_max_tokens = a.log_prob_max_token_len_per_gpu if a.use_dynamic_bsz else None
         if "actor" in roles:
             model = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code)
             check_tokenizer_matches_model(model, self.tokenizer, m.path)
             model.to(self.device)
             if "reference" in roles:
-                self.reference = ReferenceWorker(
-                    copy.deepcopy(model),
-                    micro_batch_size=cfg.actor.log_prob_micro_batch_size,
-                    temperature=cfg.rollout.temperature,
-                    share_prompt=cfg.actor.share_prompt_forward and cfg.rollout.n > 1,
-                    length_sorted=cfg.actor.length_sorted_micro_batches,
-                    max_tokens=ref_max_tokens,
-                    head_chunk_tokens=cfg.actor.head_chunk_tokens,
-                    compute_dtype=compute,
-                    compiled=cfg.actor.use_torch_compile,
-                )
+                self.reference = self._reference(copy.deepcopy(model))
             if m.lora_rank:  # after the reference copy: the reference stays the base model
                 model = apply_lora(model, m)
             # with one rank the hf rollout generates with the actor's own module; with several it gets
@@ -122,17 +110,7 @@ class PolicyWorker:
                 self._push_rollout_weights()  # the engine must generate with the actor's weights
         elif "reference" in roles:
             ref = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code).to(self.device)
-            self.reference = ReferenceWorker(
-                ref,
-                micro_batch_size=cfg.actor.log_prob_micro_batch_size,
-                temperature=cfg.rollout.temperature,
-                share_prompt=cfg.actor.share_prompt_forward and cfg.rollout.n > 1,
-                length_sorted=cfg.actor.length_sorted_micro_batches,
-                max_tokens=ref_max_tokens,
-                head_chunk_tokens=cfg.actor.head_chunk_tokens,
-                compute_dtype=compute,
-                compiled=cfg.actor.use_torch_compile,
-            )
+            self.reference = self._reference(ref)
         if "critic" in roles:
             c = cfg.critic
             value_model = load_value_model(c.model_path or m.path, dtype=dtype).to(self.device)
@@ -153,6 +131,28 @@ class PolicyWorker:
             # sampling would differ from run to run and every rank would draw the same numbers
             random.seed(cfg.trainer.seed + self.rank)
             torch.manual_seed(cfg.trainer.seed + self.rank)
+
+    def _reference(self, model: torch.nn.Module) -> ReferenceWorker:
+        """The frozen reference. With several FSDP2 ranks it is sharded like the actor (verl's
+        reference is too): a full float32 copy on every rank would cost as much memory as the
+        unsharded actor. Its forwards are then collectives, so every rank runs as many micro-batches."""
+        cfg, a = self.cfg, self.cfg.actor
+        model.requires_grad_(False)
+        shard = self.world_size > 1 and cfg.trainer.strategy == "fsdp2"
+        if shard:
+            model = wrap_for_training(model, "fsdp2", self.device)
+        return ReferenceWorker(
+            model,
+            micro_batch_size=a.log_prob_micro_batch_size,
+            temperature=cfg.rollout.temperature,
+            share_prompt=a.share_prompt_forward and cfg.rollout.n > 1,
+            length_sorted=a.length_sorted_micro_batches,
+            max_tokens=a.log_prob_max_token_len_per_gpu if a.use_dynamic_bsz else None,
+            head_chunk_tokens=a.head_chunk_tokens,
+            compute_dtype=self.compute_dtype,
+            compiled=a.use_torch_compile,
+            world_size=self.world_size if shard else 1,
+        )
 
     def _make_rollout(self, model: torch.nn.Module):
         r, m = self.cfg.rollout, self.cfg.model
