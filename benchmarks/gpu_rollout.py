@@ -127,7 +127,7 @@ def main() -> None:
             "\nlucidrl's vllm engine (rollout.name=vllm), weights pushed in memory from a perturbed HF model:\n"
             f"  sampled-token log-prob |vLLM - HF forward|: max {check['lp_max']:.4f}, mean {check['lp_mean']:.5f} "
             f"(the checkpoint vLLM loaded, before the push: mean {check['lp_mean_before']:.3f})\n"
-            f"  push {check['push_s']:.2f} s, generate with sleep/wake {check['gen_s']:.2f} s, GPU memory in use "
+            f"  push {check['push_s']:.2f} s, generate (then sleep) {check['gen_s']:.2f} s, GPU memory in use "
             f"while asleep {check['asleep_gib']:.2f} GiB (awake, weights and KV cache: {check['awake_gib']:.2f} GiB)"
         )
 
@@ -162,7 +162,7 @@ def vllm_engine_check(info, tok, model, batch, samples, args, dtype) -> dict:
     engine.load_weights(dict(model.named_parameters()))
     torch.cuda.synchronize()
     push_s = time.perf_counter() - start
-    engine._wake("kv_cache")  # what generate wakes first: the memory it holds while generating
+    engine._wake("kv_cache")  # the weights are awake after the push: now all it holds while generating
     awake = torch.cuda.mem_get_info()
     start = time.perf_counter()
     out = engine.generate(batch, params)

@@ -156,14 +156,14 @@ def main() -> None:
     print(
         f"{'variant':27s} {'weights':>8s} {'decode tok/s':>12s} {'log-prob s':>10s} {'update s':>8s} "
         f"{'update vs fp32':>14s} {'rollout-update max/mean':>24s} {'vs fp32 max/mean':>18s} "
-        f"{'peak GPU MB' if args.device.startswith('cuda') else 'peak MB':>8s}"
+        f"{'GPU peak MB' if args.device.startswith('cuda') else 'peak MB':>11s}"
     )
     for name, r in rows.items():
         ru, vf = r["rollout_vs_update"], r["vs_fp32"]
         print(
             f"{name:27s} {r['param_dtype']:>8s} {r['tokens'] / r['decode_s']:12.0f} {r['log_prob_s']:10.2f} "
             f"{r['update_s']:8.2f} {r['update_s'] / base['update_s']:14.2f} "
-            f"{ru[0]:11.1e} / {ru[1]:8.1e} {vf[0]:8.1e} / {vf[1]:7.1e} {r['peak_growth_mb']:8.0f}"
+            f"{ru[0]:11.1e} / {ru[1]:8.1e} {vf[0]:8.1e} / {vf[1]:7.1e} {r['peak_growth_mb']:11.0f}"
         )
 
 

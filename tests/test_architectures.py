@@ -94,6 +94,10 @@ def test_greedy_decoding_gives_transformers_generate_tokens(name):
         group, _ = _decode(model, prompts, mask, N, do_sample=False)
     assert torch.equal(one, expected[:, : one.shape[1]])
     assert torch.equal(group, expected.repeat_interleave(N, 0)[:, : group.shape[1]])
+    # generate's columns past ours are padding after every row's eos: our loop did not stop early
+    assert bool((expected[:, one.shape[1] :] == PAD).all()) and bool(
+        (one == EOS).any(-1).all() or one.shape[1] == R
+    )
     fallback = [str(w.message) for w in caught if "not the shared prefix" in str(w.message)]
     if name == "mistral-sliding":  # its attention refuses the shared prefix: said once, decoded the plain way
         assert fallback and "sliding-window" in fallback[0]

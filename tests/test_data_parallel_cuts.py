@@ -4,7 +4,7 @@ is a collective under FSDP2 (all-gathers, reduce-scatters) and DDP (gradient all
 A token-budget cut (`actor.use_dynamic_bsz`) depends on each rank's response lengths, so two ranks
 cut their shares into different numbers of micro-batches; before `micro_batches.match_count` such a
 run hung at the first unmatched collective. Here two gloo ranks hold shares of very different
-lengths (one cut fits one micro-batch, the other needs several) and must finish the log-prob pass
+lengths (cut on their own into 3 and 4 micro-batches) and must finish the log-prob pass
 and the update with the weights one process gets from the whole batch.
 """
 

@@ -272,3 +272,37 @@ def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_mode
     assert len(greedy) == 6 and "rollout_log_probs" not in greedy
     for row in range(6):
         assert torch.equal(greedy["responses"][row], greedy["responses"][row - row % 3])
+
+
+def test_policy_worker_moves_batches_to_its_device_and_returns_them_on_the_cpu(
+    tiny_model, tiny_tokenizer, kk_data, monkeypatch
+):
+    """On a GPU the trainer's CPU batches must reach the rank's device and its results come back:
+    here (no GPU) the worker's device is recorded through Batch.to."""
+    from lucidrl.batch import Batch
+
+    cfg = config_from_dict(
+        {
+            "model": {"path": str(tiny_model["path"])},
+            "data": {"train_files": ["x.parquet"]},
+            "rollout": {"n": 2},
+        }
+    )
+    worker = PolicyWorker(cfg, frozenset({"actor", "rollout"}))
+    worker.device = "cpu:0"  # what a cuda:0 rank would hold; "cpu:0" is the CPU too, so it runs here
+    moves = []
+    original = Batch.to
+
+    def to(self, device):
+        moves.append(str(device))
+        return original(self, device)
+
+    monkeypatch.setattr(Batch, "to", to)
+    samples, _ = load_prompts([kk_data["train"]], tiny_tokenizer, max_prompt_length=2048)
+    out = worker.generate(
+        collate(samples[:2], tiny_tokenizer.pad_token_id), SamplingParams(n=2, max_new_tokens=4)
+    )
+    assert moves == ["cpu:0", "cpu"]  # in to the rank's device, out to the CPU
+    del moves[:]
+    worker.compute_log_prob(out)
+    assert moves == ["cpu:0", "cpu"]

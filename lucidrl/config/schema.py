@@ -116,7 +116,7 @@ class ActorConfig:
     ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
     ppo_micro_batch_size: int = 8  # samples per forward/backward (gradient accumulation)
     log_prob_micro_batch_size: int = 16  # samples per forward when computing log-probs
-    # when the update is provably on-policy (the hf engine, float32 compute, one epoch, one mini-batch
+    # when the update is provably on-policy (the hf engine, float32 weights and compute, one epoch, one mini-batch
     # per step) the rollout's sampling log-probs are the old log-probs: skip the extra forward. False:
     # always recompute them
     reuse_rollout_log_probs: bool = True

@@ -123,6 +123,18 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
+@torch.no_grad()
+def copy_full_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """Set `dst`'s parameters (an unsharded copy) to `src`'s full values, one tensor at a time.
+
+    FSDP2 parameters are all-gathered one by one (`full_tensor`, a collective every rank runs in
+    the same order), so no rank ever holds a whole second state dict next to the copy it fills.
+    """
+    targets = dict(dst.named_parameters())
+    for name, param in unwrap(src).named_parameters():
+        targets[name].copy_(param.full_tensor() if hasattr(param, "full_tensor") else param)
+
+
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer as a full (unsharded) tensor, on every rank: for the rollout copy."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

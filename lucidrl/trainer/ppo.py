@@ -102,6 +102,8 @@ class PPOTrainer:
         # bf16 compute: the decode loop's incremental forwards and the update's full forward round
         # differently, so the old log-probs come from the update's own forward (ratio 1 at the start)
         self.mixed_precision = autocast_dtype(cfg.model.dtype, cfg.model.compute_dtype) is not None
+        # bfloat16 weights round the same way: incremental decoding and the full forward differ by ~1e-2
+        self.low_precision = self.mixed_precision or cfg.model.dtype != "float32"
         # provably the actor's own numbers: only the hf engine samples with the actor's forward (vLLM's
         # kernels round differently, and take log-probs after top-k / top-p; a server may hold other weights)
         self.on_policy = (
@@ -109,7 +111,7 @@ class PPOTrainer:
             and cfg.rollout.name == "hf"
             and a.ppo_epochs == 1
             and a.ppo_mini_batch_size == cfg.data.train_batch_size
-            and not self.mixed_precision
+            and not self.low_precision
         )
         self.global_step = 0
         self.batches_drawn = 0  # batches taken from the loader's epochs so far (a resume skips them)
@@ -143,10 +145,15 @@ class PPOTrainer:
                 "model.compute_dtype=bfloat16 on a CPU without AVX-512 BF16 or AMX: its bfloat16 matmuls are "
                 "emulated, several times slower than float32 (benchmarks/mixed_precision.py); use float32 here"
             )
-        if self.mixed_precision and cfg.actor.reuse_rollout_log_probs:
+        if self.low_precision and cfg.actor.reuse_rollout_log_probs:
+            what = (
+                "bfloat16 compute over float32 weights"
+                if self.mixed_precision
+                else f"{cfg.model.dtype} weights"
+            )
             lines.append(
-                "bfloat16 compute over float32 weights: old log-probs are recomputed by the actor, not taken "
-                "from the rollout (rollout/logprob_diff_max shows how far the two are apart)"
+                f"{what}: old log-probs are recomputed by the actor, not taken from the rollout "
+                "(rollout/logprob_diff_max shows how far the two are apart)"
             )
         if self.resumed_from is not None:
             lines.append(

@@ -41,7 +41,7 @@ def per_token_log_probs(
     for idx, mb in chunks:
         lp, ent = response_log_probs(
             model, mb, temperature=temperature, with_entropy=with_entropy, share_prompt=share_prompt,
-            head_chunk_tokens=head_chunk_tokens, compiled=compiled,
+            data_parallel=world_size > 1, head_chunk_tokens=head_chunk_tokens, compiled=compiled,
         )  # fmt: skip
         lps.append((idx, lp))
         ents.append((idx, ent))
@@ -157,6 +157,7 @@ class ActorWorker:
                 temperature=self.temperature,
                 with_entropy=True,
                 share_prompt=self.share_prompt,
+                data_parallel=self.world_size > 1,
                 entropy_grad=bool(cfg.entropy_coeff),  # otherwise a metric: kept out of autograd
                 head_chunk_tokens=cfg.head_chunk_tokens,
                 compiled=cfg.use_torch_compile,

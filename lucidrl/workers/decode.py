@@ -199,7 +199,12 @@ def shared_prefix_attention(
     scale = scaling if scaling is not None else d**-0.5
     # scores and their merge in float32 whatever the model's dtype, and outside autocast (which would
     # run the matmuls in bf16 again); the scale goes on the (rows, heads, d) queries, not the scores
-    with torch.autocast(query.device.type, enabled=False):
+    no_autocast = (
+        torch.autocast(query.device.type, enabled=False)
+        if torch.amp.is_autocast_available(query.device.type)
+        else contextlib.nullcontext()
+    )
+    with no_autocast:
         q = query[:, :, 0, :].float() * scale
         key, value = key.float(), value.float()
         # prompt part: all n rows of a prompt against its keys at once; rows that ended contribute zeros

@@ -77,6 +77,7 @@ def response_log_probs(
     temperature: float,
     with_entropy: bool,
     share_prompt: bool = False,
+    data_parallel: bool = False,
     entropy_grad: bool = True,
     head_chunk_tokens: int = 0,
     compiled: bool = False,
@@ -88,9 +89,9 @@ def response_log_probs(
     gigabytes per micro-batch).
 
     `share_prompt`: run each distinct prompt once for all its samples (_response_logits_shared_prefix;
-    consecutive samples with equal uids, as rollouts lay them out). It takes that path whenever the
-    batch has uids, even if none repeats in this micro-batch: the model is then called twice (prompts,
-    then responses) in every micro-batch, so data-parallel ranks whose shares split the groups
+    consecutive samples with equal uids, as rollouts lay them out), when some uid repeats in `batch`.
+    With `data_parallel` it takes that path whenever the batch has uids: the model is then called
+    twice (prompts, then responses) in every micro-batch, so ranks whose shares split the groups
     differently still run the same number of FSDP2 / DDP forwards (their collectives must pair up).
 
     `head_chunk_tokens` > 0: the (bs, R, V) logits are never formed. The LM head, log-prob and entropy
@@ -103,7 +104,8 @@ def response_log_probs(
     hidden = head_chunk_tokens > 0
     if hidden:
         check_chunkable_head(model)
-    if share_prompt and "uid" in batch:
+    repeats = "uid" in batch and (data_parallel or len(set(batch["uid"])) < len(batch))
+    if share_prompt and repeats:
         states = _response_logits_shared_prefix(model, batch, hidden)
     else:
         input_ids, attention_mask, position_ids = sequence_inputs(batch)

@@ -126,7 +126,7 @@ def micro_batches(
     samples each; length-sorted and trimmed, or in batch order.
 
     `world_size` > 1 (the caller's model is data-parallel): a token-budget cut gives every rank as
-    many micro-batches as the rank that needs the most (`match_count_across_ranks`), since each
+    many micro-batches as the rank that needs the most (`match_count`; one all-reduce per cut), since each
     FSDP2 / DDP forward and backward is a collective all ranks must join. Cuts by sample count
     already agree: the ranks hold equal shares.
     """

@@ -26,6 +26,7 @@ from lucidrl.config import LucidConfig
 from lucidrl.controller.dispatch import Dispatch, dispatch
 from lucidrl.controller.distributed import (
     DistInfo,
+    copy_full_parameters,
     full_state_dict,
     init_process_group,
     local_cuda_index,
@@ -195,6 +196,7 @@ class PolicyWorker:
                 enable_sleep_mode=v.enable_sleep_mode,
                 enforce_eager=v.enforce_eager,
                 seed=self.cfg.trainer.seed,
+                gpu=torch.device(self.device).index or 0,  # the actor's GPU (cuda:1 on the local backend)
                 rank=self.rank,
                 world_size=self.world_size,
             )
@@ -265,7 +267,7 @@ class PolicyWorker:
             return self._push_rollout_weights()
         if self.rollout.model is actor.model:
             return "shared"
-        self.rollout.model.load_state_dict(full_state_dict(actor.model))
+        copy_full_parameters(self.rollout.model, actor.model)
         return "gathered"
 
     @dispatch(Dispatch.ALL)

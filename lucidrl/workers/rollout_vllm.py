@@ -56,6 +56,7 @@ class VLLMRollout:
         enable_sleep_mode: bool = True,
         enforce_eager: bool = False,
         seed: int = 0,
+        gpu: int = 0,
         rank: int = 0,
         world_size: int = 1,
         llm_factory: Callable[..., Any] | None = None,
@@ -73,9 +74,8 @@ class VLLMRollout:
             llm_factory, sampling_params_cls = LLM, VLLMSamplingParams
             # external_launcher: vLLM runs in this process and joins the ranks' torch.distributed world
             # (init_process_group set these with several ranks; one rank alone gets a free port, so two
-            # runs on one host do not collide). LOCAL_RANK: the GPU PolicyWorker made current.
-            local = torch.cuda.current_device() if torch.cuda.is_initialized() else 0  # its GPU, as set
-            for key, value in (("RANK", rank), ("LOCAL_RANK", local), ("WORLD_SIZE", world_size)):
+            # runs on one host do not collide). LOCAL_RANK is the GPU vLLM takes: the actor's (`gpu`).
+            for key, value in (("RANK", rank), ("LOCAL_RANK", gpu), ("WORLD_SIZE", world_size)):
                 os.environ.setdefault(key, str(value))
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             if "MASTER_PORT" not in os.environ:

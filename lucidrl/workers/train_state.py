@@ -46,20 +46,17 @@ def _single_process_quiet():
 def process_rng_state() -> dict[str, Any]:
     """This process's torch (CPU and CUDA) and Python RNG states."""
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    # the generator of the device this process works on, not of every GPU it can see: a resume on a
-    # host that shows fewer GPUs must still find it
+    # every GPU's generator (a local run may sample on cuda:1 while cuda:0 is current), once CUDA is
+    # in use; a resume on a host that shows fewer GPUs restores the ones it has
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        rng["cuda_device"] = torch.cuda.get_rng_state()
+        rng["cuda"] = torch.cuda.get_rng_state_all()
     return rng
 
 
 def set_process_rng_state(rng: dict[str, Any]) -> None:
     torch.set_rng_state(rng["torch"])
-    if "cuda_device" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["cuda_device"])
-    elif "cuda" in rng and torch.cuda.is_available():  # older checkpoints: one state per visible GPU
-        states = rng["cuda"][: torch.cuda.device_count()]
-        for index, state in enumerate(states):
+    if "cuda" in rng and torch.cuda.is_available():
+        for index, state in enumerate(rng["cuda"][: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(state, index)
     random.setstate(rng["python"])
 
