@@ -5,7 +5,10 @@ A token-budget cut (`actor.use_dynamic_bsz`) depends on each rank's response len
 cut their shares into different numbers of micro-batches; before `micro_batches.match_count` such a
 run hung at the first unmatched collective. Here two gloo ranks hold shares of very different
 lengths (cut on their own into 3 and 4 micro-batches) and must finish the log-prob pass
-and the update with the weights one process gets from the whole batch.
+and the update with the weights one process gets from the whole batch. With bfloat16 compute FSDP2
+gathers bf16 parameters and reduces float32 gradients (MixedPrecisionPolicy) over float32 shards:
+measured against one process under bf16 autocast, log-probs within 3e-2 and weights after one Adam
+step (lr 1e-2) 4e-5 apart on average.
 """
 
 from __future__ import annotations
@@ -68,8 +71,16 @@ def _rank(rank: int, port: int, model_path: str, strategy: str, out: str) -> Non
     torch.manual_seed(0)
     batch = _batch()
     share = batch.slice(rank * 8, rank * 8 + 8)  # rank 0: the short responses, rank 1: the long ones
-    model = wrap_for_training(load_model(model_path), strategy, "cpu")
-    actor = ActorWorker(model, _config(_budget(batch)), temperature=1.0, samples_per_prompt=N, world_size=2)
+    compute = torch.bfloat16 if strategy == "fsdp2-bf16" else None
+    model = wrap_for_training(load_model(model_path), strategy.removesuffix("-bf16"), "cpu", compute)
+    actor = ActorWorker(
+        model,
+        _config(_budget(batch)),
+        temperature=1.0,
+        samples_per_prompt=N,
+        world_size=2,
+        compute_dtype=compute,
+    )
     counts = [len(actor._micro_batches(share))]
     log_probs = actor.compute_log_prob(share)["old_log_probs"]
     if strategy == "fsdp2":  # the reference is sharded like the actor: its forwards are collectives too
@@ -108,7 +119,7 @@ def test_match_count_halves_the_largest_micro_batch_in_order():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
+@pytest.mark.parametrize("strategy", ["fsdp2", "ddp", "fsdp2-bf16"])
 def test_token_budget_cuts_agree_across_ranks_and_match_one_process(strategy, tiny_model, tmp_path):
     from lucidrl.models import load_model
     from lucidrl.workers.actor import ActorWorker
@@ -127,12 +138,20 @@ def test_token_budget_cuts_agree_across_ranks_and_match_one_process(strategy, ti
 
     torch.manual_seed(0)
     model = load_model(path)
-    actor = ActorWorker(copy.deepcopy(model), _config(budget), temperature=1.0, samples_per_prompt=N)
+    bf16 = strategy == "fsdp2-bf16"  # against one process with bf16 autocast over float32 weights
+    actor = ActorWorker(
+        copy.deepcopy(model), _config(budget), temperature=1.0, samples_per_prompt=N,
+        compute_dtype=torch.bfloat16 if bf16 else None,
+    )  # fmt: skip
     expected_lp = actor.compute_log_prob(batch)["old_log_probs"]
     got_lp = torch.cat([torch.load(tmp_path / f"lp{r}.pt")["log_probs"] for r in (0, 1)])
-    torch.testing.assert_close(got_lp, expected_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_lp, expected_lp, atol=3e-2 if bf16 else 1e-5, rtol=0)
     actor.update(batch)
     expected = actor.model.state_dict()
     moved = max((expected[k] - v).abs().max().item() for k, v in model.state_dict().items())
-    diff = max((rank0["state"][k] - expected[k]).abs().max().item() for k in expected)
-    assert moved > 1e-3 and diff < 5e-5, (moved, diff)
+    diffs = torch.cat([(rank0["state"][k] - expected[k]).abs().flatten() for k in expected])
+    assert all(v.dtype == torch.float32 for v in rank0["state"].values())  # float32 master weights
+    if bf16:  # Adam's first step is about lr x sign(gradient): rounding flips it only where it is ~0
+        assert moved > 1e-3 and diffs.mean() < 0.05 * 1e-2, (moved, diffs.mean())
+    else:
+        assert moved > 1e-3 and diffs.max() < 5e-5, (moved, diffs.max())

@@ -91,21 +91,36 @@ def local_cuda_index() -> int:
     return int(assigned[0])
 
 
-def wrap_for_training(model: torch.nn.Module, strategy: str, device: str) -> torch.nn.Module:
-    """FSDP2 (`fully_shard` per decoder layer, then the root) or DDP over the initialised group."""
+def wrap_for_training(
+    model: torch.nn.Module, strategy: str, device: str, compute_dtype: torch.dtype | None = None
+) -> torch.nn.Module:
+    """FSDP2 (`fully_shard` per decoder layer, then the root) or DDP over the initialised group.
+
+    `compute_dtype` (bfloat16 over float32 weights, model.compute_dtype): FSDP2 gathers the
+    parameters in that dtype and reduces gradients in float32 (MixedPrecisionPolicy, as verl does),
+    so the all-gathers move half the bytes and autocast keeps no low-precision copy of every full
+    weight for the backward pass. The shards, their gradients and the optimizer stay float32.
+    """
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, broadcast_buffers=False)
+        # no buffer broadcast in every forward (torch 2.13's name; `broadcast_buffers` is deprecated):
+        # the buffers (rotary frequencies) are the same on every rank, built from the same config
+        return DistributedDataParallel(model, forward_sync_buffers=False)
     if strategy == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
+        policy = (
+            MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+            if compute_dtype is not None
+            else MixedPrecisionPolicy()
+        )
         layers = _decoder_layers(model)
         for layer in layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
         return model
     raise ValueError(f"trainer.strategy must be 'fsdp2' or 'ddp', got {strategy!r}")
 

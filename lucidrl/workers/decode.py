@@ -101,9 +101,10 @@ def reserved_cache(capacity: int) -> Cache:
 
 
 def _forward_params(model: torch.nn.Module):
-    """The parameters of the HuggingFace forward: a peft model's own forward takes **kwargs and hands
-    them to its base model's, which is the one that says what it accepts."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    """The parameters of the HuggingFace forward: a peft model's (or a DDP wrapper's) own forward takes
+    **kwargs and hands them to the model inside, which is the one that says what it accepts."""
+    base = getattr(model, "module", model)  # DistributedDataParallel
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
     return inspect.signature(base.forward).parameters
 
 

@@ -98,7 +98,9 @@ class PolicyWorker:
             # a full copy (FSDP2 shards the actor in place)
             rollout_model = copy.deepcopy(model) if sharded and cfg.rollout.name == "hf" else model
             self.rollout = self._make_rollout(rollout_model)
-            train_model = wrap_for_training(model, cfg.trainer.strategy, self.device) if sharded else model
+            train_model = (
+                wrap_for_training(model, cfg.trainer.strategy, self.device, compute) if sharded else model
+            )
             self.actor = ActorWorker(
                 train_model,
                 cfg.actor,
@@ -116,7 +118,7 @@ class PolicyWorker:
             c = cfg.critic
             value_model = load_value_model(c.model_path or m.path, dtype=dtype).to(self.device)
             if sharded:
-                value_model = wrap_for_training(value_model, cfg.trainer.strategy, self.device)
+                value_model = wrap_for_training(value_model, cfg.trainer.strategy, self.device, compute)
             self.critic = CriticWorker(
                 value_model,
                 c,
@@ -141,7 +143,7 @@ class PolicyWorker:
         model.requires_grad_(False)
         shard = self.world_size > 1 and cfg.trainer.strategy == "fsdp2"
         if shard:
-            model = wrap_for_training(model, "fsdp2", self.device)
+            model = wrap_for_training(model, "fsdp2", self.device, self.compute_dtype)
         return ReferenceWorker(
             model,
             micro_batch_size=a.log_prob_micro_batch_size,
