@@ -266,6 +266,11 @@ def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_mode
     del llm.calls[:]
     assert len(engine.generate(batch, params)) == 4
     assert llm.calls == [("wake", ("weights",)), ("wake", ("kv_cache",)), ("generate", 2), ("sleep", 1)]
+    # FSDP2 ranks push (name, tensor) pairs gathered one at a time, not a dict
+    del llm.calls[:]
+    count = len(list(actor.parameters()))
+    assert engine.load_weights((n, p) for n, p in actor.named_parameters()) == f"loaded {count} tensors"
+    assert llm.calls == [("wake", ("weights",)), *[("load", 1)] * count, ("reset",)]
     # greedy with n > 1 (vLLM refuses it): one sample asked for per prompt, repeated n times
     greedy = engine.generate(batch, SamplingParams(n=3, do_sample=False, max_new_tokens=6))
     assert [sp.n for sp in llm.sampling] == [1, 1] and {sp.temperature for sp in llm.sampling} == {0.0}

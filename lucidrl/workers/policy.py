@@ -207,7 +207,13 @@ class PolicyWorker:
     def _push_rollout_weights(self) -> str:
         """Hand the actor's full parameters to a vllm or server engine (a collective when sharded)."""
         actor = self._need("actor", self.actor)
-        named = dict(unwrap(actor.model).named_parameters())
+        params = unwrap(actor.model).named_parameters()
+        if self.world_size > 1 and self.cfg.rollout.name == "vllm":
+            # each rank's engine takes the parameters one gathered tensor at a time: no rank holds a
+            # whole second copy of the weights next to its shard and the engine's
+            gathered = ((name, p.full_tensor() if hasattr(p, "full_tensor") else p) for name, p in params)
+            return self.rollout.load_weights(gathered)
+        named = dict(params)
         if self.world_size > 1:  # shards: gather the full tensors (every rank takes part)
             full = full_state_dict(actor.model)
             named = {name: full[name] for name in named}

@@ -30,7 +30,7 @@ from __future__ import annotations
 import gc
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -121,16 +121,19 @@ class VLLMRollout:
     def _vllm_model(self) -> Any:
         return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
 
-    def load_weights(self, named: dict[str, torch.Tensor]) -> str:
-        """Copy the actor's parameters (HF names, full tensors) into the engine, in GPU memory."""
+    def load_weights(self, named: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str:
+        """Copy the actor's parameters (HF names, full tensors; a dict, or (name, tensor) pairs made
+        one at a time) into the engine, in GPU memory."""
         if self.sleep_mode:
             self._wake("weights")
         model = self._vllm_model()
-        for name, tensor in named.items():
+        count = 0
+        for name, tensor in named.items() if isinstance(named, dict) else named:
             model.load_weights([(name, tensor.detach())])
+            count += 1
         self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
         self.weights_pushed = True
-        return f"loaded {len(named)} tensors"
+        return f"loaded {count} tensors"
 
     def sync_weights(self, model: torch.nn.Module) -> str:
         return self.load_weights(dict(model.named_parameters()))
