@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import inspect
 import os
 import socket
 import time
@@ -104,9 +105,11 @@ def wrap_for_training(
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        # no buffer broadcast in every forward (torch 2.13's name; `broadcast_buffers` is deprecated):
-        # the buffers (rotary frequencies) are the same on every rank, built from the same config
-        return DistributedDataParallel(model, forward_sync_buffers=False)
+        # no buffer broadcast in every forward: the buffers (rotary frequencies) are the same on every
+        # rank, built from the same config. torch 2.13 renamed the option (the old name warns)
+        takes_new = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+        no_sync = {"forward_sync_buffers": False} if takes_new else {"broadcast_buffers": False}
+        return DistributedDataParallel(model, **no_sync)
     if strategy == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
