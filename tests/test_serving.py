@@ -2,7 +2,6 @@
 
 import json
 import socket
-import time
 
 import pytest
 import torch
@@ -132,10 +131,10 @@ def test_closed_port_fails_fast_naming_the_url(tiny_tokenizer):
     with socket.socket() as s:  # a port that was free a moment ago and has no listener now
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    start = time.monotonic()
     with pytest.raises(RolloutServerError) as err:
         ServerRollout(f"http://127.0.0.1:{port}", tiny_tokenizer, timeout_s=5)
-    assert time.monotonic() - start < 3
+    # refused at once, not waited on until the timeout (no wall-clock threshold: the cause says it)
+    assert "ConnectionRefusedError" in str(err.value)
     assert f"http://127.0.0.1:{port}/health" in str(err.value) and "timeout_s=5" in str(err.value)
     assert "lucidrl serve" in str(err.value)
 
