@@ -28,10 +28,10 @@ work=$(mktemp -d)
 if [ -n "${SMALL:-}" ]; then size=(--hidden 64 --layers 2); prompts=4; new=16; micro=32; else size=(--hidden 256 --layers 4); prompts=64; new=128; micro=64; fi
 status=0
 
-step() {  # name, command...: run it, keep its log, note a failure and go on to the next check
+step() {  # name, command...: run it (4 minutes at most), keep its log, note a failure and go on
     local name=$1; shift
     echo "== $name: $*"
-    "$@" >"$OUT/$name.log" 2>&1
+    timeout "${STEP_TIMEOUT:-240}" "$@" >"$OUT/$name.log" 2>&1
     local rc=$?
     if [ $rc -ne 0 ]; then
         echo "   FAILED (exit $rc); last lines:"; tail -20 "$OUT/$name.log"; status=1; return 1
@@ -40,22 +40,24 @@ step() {  # name, command...: run it, keep its log, note a failure and go on to 
 }
 
 step doctor "$PY" -m lucidrl doctor --skip compile,distributed,ray
-"$PY" -m lucidrl model tiny --out "$work/model" "${size[@]}" >"$OUT/model.log" 2>&1 || { cat "$OUT/model.log"; exit 1; }
-"$PY" -m lucidrl data kk --out "$work/data" --people 2-3 --train $((prompts * 4)) --val 8 >"$OUT/data.log" 2>&1 \
-    || { cat "$OUT/data.log"; exit 1; }
+# the training runs' model and prompts (the benchmarks below build their own)
+TAIL=1 step model "$PY" -m lucidrl model tiny --out "$work/model" "${size[@]}" &&
+    TAIL=1 step data "$PY" -m lucidrl data kk --out "$work/data" --people 2-3 --train $((prompts * 4)) --val 8
+ready=$?
 cat >"$work/reward.py" <<'EOF'
 def compute_score(data_source, solution_str, ground_truth, extra_info):
     text = solution_str[len("<think>"):]
     return {"score": text.count("e") / max(len(text), 1), "acc": float("e" in text)}
 EOF
 for precision in float32 bfloat16; do
+    [ $ready = 0 ] || break
     extra=()
     [ "$precision" = bfloat16 ] && extra=(model.compute_dtype=bfloat16)
     TAIL=3 step "train_$precision" "$PY" -m lucidrl train "model.path=$work/model" "data.train_files=[$work/data/train.parquet]" \
         "data.val_files=[]" "reward.custom_function.path=$work/reward.py" "trainer.run_dir=$work/run_$precision" \
         trainer.device="$DEVICE" data.train_batch_size=$prompts rollout.n=8 data.max_response_length=$new \
         actor.ppo_mini_batch_size=$prompts actor.ppo_micro_batch_size=$micro trainer.total_training_steps=3 \
-        trainer.val_before_train=false "${extra[@]}" || continue
+        trainer.val_before_train=false ${extra[@]+"${extra[@]}"} || continue
     "$PY" - "$work/run_$precision/metrics.jsonl" <<'EOF' || status=1
 import json, sys
 for r in map(json.loads, open(sys.argv[1])):

@@ -7,8 +7,8 @@ run hung at the first unmatched collective. Here two gloo ranks hold shares of v
 lengths (cut on their own into 3 and 4 micro-batches) and must finish the log-prob pass
 and the update with the weights one process gets from the whole batch. With bfloat16 compute FSDP2
 gathers bf16 parameters and reduces float32 gradients (MixedPrecisionPolicy) over float32 shards:
-measured against one process under bf16 autocast, log-probs within 3e-2 and weights after one Adam
-step (lr 1e-2) 4e-5 apart on average.
+measured against one process under bf16 autocast, log-probs within 1e-2 (3.9e-3 measured) and
+weights after one Adam step (lr 1e-2) 4e-5 apart on average.
 """
 
 from __future__ import annotations
@@ -83,15 +83,27 @@ def _rank(rank: int, port: int, model_path: str, strategy: str, out: str) -> Non
     )
     counts = [len(actor._micro_batches(share))]
     log_probs = actor.compute_log_prob(share)["old_log_probs"]
-    if strategy == "fsdp2":  # the reference is sharded like the actor: its forwards are collectives too
+    if strategy.startswith(
+        "fsdp2"
+    ):  # the reference is sharded like the actor: its forwards are collectives too
         from lucidrl.workers.actor import ReferenceWorker
 
         reference = ReferenceWorker(
-            wrap_for_training(load_model(model_path).requires_grad_(False), "fsdp2", "cpu"),
-            micro_batch_size=16, temperature=1.0, max_tokens=_budget(batch), world_size=2,
+            wrap_for_training(load_model(model_path).requires_grad_(False), "fsdp2", "cpu", compute),
+            micro_batch_size=16, temperature=1.0, max_tokens=_budget(batch), world_size=2, compute_dtype=compute,
         )  # fmt: skip
         assert reference.compute_log_prob(share)["ref_log_probs"].allclose(log_probs, atol=1e-5)
     actor.update(share)
+    if strategy.startswith("fsdp2"):
+        # a no-grad forward leaves FSDP2's root gathered; saving (with optimizer state) must still work
+        from pathlib import Path
+
+        from lucidrl.workers.train_state import save_train_state
+
+        actor.compute_log_prob(share)
+        save_train_state(
+            actor.model, actor.optimizer, actor.scheduler, Path(out) / "ckpt", {}, hf_model=model
+        )
     state = full_state_dict(actor.model)
     if rank == 0:
         torch.save({"counts": counts, "state": state}, f"{out}/rank0.pt")
@@ -145,7 +157,7 @@ def test_token_budget_cuts_agree_across_ranks_and_match_one_process(strategy, ti
     )  # fmt: skip
     expected_lp = actor.compute_log_prob(batch)["old_log_probs"]
     got_lp = torch.cat([torch.load(tmp_path / f"lp{r}.pt")["log_probs"] for r in (0, 1)])
-    torch.testing.assert_close(got_lp, expected_lp, atol=3e-2 if bf16 else 1e-5, rtol=0)
+    torch.testing.assert_close(got_lp, expected_lp, atol=1e-2 if bf16 else 1e-5, rtol=0)
     actor.update(batch)
     expected = actor.model.state_dict()
     moved = max((expected[k] - v).abs().max().item() for k, v in model.state_dict().items())

@@ -141,6 +141,21 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
+def reshard(model: torch.nn.Module) -> None:
+    """Put every FSDP2 module of `model` back into its sharded state.
+
+    FSDP2 never reshards the root after a forward: after a no-grad forward (the old-log-prob pass) its
+    parameters (embeddings, final norm, head) are still the gathered, compute-dtype tensors. Reading
+    the weights then gives those (bf16 beside float32 shards), and torch's optimizer state dict fails
+    (KeyError). Called before anything reads the parameters as a whole; a no-op for other models.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 @torch.no_grad()
 def copy_full_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None:
     """Set `dst`'s parameters (an unsharded copy) to `src`'s full values, one tensor at a time.
@@ -148,6 +163,7 @@ def copy_full_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None:
     FSDP2 parameters are all-gathered one by one (`full_tensor`, a collective every rank runs in
     the same order), so no rank ever holds a whole second state dict next to the copy it fills.
     """
+    reshard(src)
     targets = dict(dst.named_parameters())
     for name, param in unwrap(src).named_parameters():
         targets[name].copy_(param.full_tensor() if hasattr(param, "full_tensor") else param)
@@ -158,5 +174,6 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     if dist.is_initialized():
+        reshard(model)
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     return unwrap(model).state_dict()

@@ -117,8 +117,12 @@ def save_train_state(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+    from lucidrl.controller.distributed import reshard
+
     weights = path / WEIGHTS
     sharded = dist.is_initialized() and dist.get_world_size() > 1
+    if sharded:
+        reshard(model)  # a no-grad forward (critic warm-up steps) leaves FSDP2's root gathered
     lora = is_lora(hf_model)
     has_optim = bool(optimizer.state)
     state = {"scheduler": scheduler.state_dict(), "extra": {**extra, "has_optim": has_optim}}
