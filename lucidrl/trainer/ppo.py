@@ -145,6 +145,12 @@ class PPOTrainer:
                 "model.compute_dtype=bfloat16 on a CPU without AVX-512 BF16 or AMX: its bfloat16 matmuls are "
                 "emulated, several times slower than float32 (benchmarks/mixed_precision.py); use float32 here"
             )
+        if cfg.rollout.name == "vllm" and (cfg.model.compute_dtype or cfg.model.dtype) == "float32":
+            lines.append(
+                "rollout.name=vllm in float32 (model.dtype=float32, no model.compute_dtype): vLLM's engine runs "
+                "float32 only on slower attention backends; set model.compute_dtype=bfloat16 for it to generate "
+                "in bf16 (the actor keeps float32 weights)"
+            )
         if self.low_precision and cfg.actor.reuse_rollout_log_probs:
             what = (
                 "bfloat16 compute over float32 weights"
