@@ -7,6 +7,7 @@ import inspect
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -156,17 +157,28 @@ def reshard(model: torch.nn.Module) -> None:
             module.reshard()
 
 
+def full_parameters(
+    model: torch.nn.Module, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of each parameter, one at a time (cast to `dtype` first, when given).
+
+    FSDP2 parameters are all-gathered one by one (`full_tensor`, a collective every rank must run
+    in the same order, to the end), so no rank ever holds a whole second copy of the weights.
+    Others are yielded as they are.
+    """
+    reshard(model)
+    for name, param in unwrap(model).named_parameters():
+        if hasattr(param, "full_tensor"):
+            param = (param.to(dtype) if dtype is not None else param).full_tensor()
+        yield name, param
+
+
 @torch.no_grad()
 def copy_full_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None:
-    """Set `dst`'s parameters (an unsharded copy) to `src`'s full values, one tensor at a time.
-
-    FSDP2 parameters are all-gathered one by one (`full_tensor`, a collective every rank runs in
-    the same order), so no rank ever holds a whole second state dict next to the copy it fills.
-    """
-    reshard(src)
+    """Set `dst`'s parameters (an unsharded copy) to `src`'s full values, one gathered tensor at a time."""
     targets = dict(dst.named_parameters())
-    for name, param in unwrap(src).named_parameters():
-        targets[name].copy_(param.full_tensor() if hasattr(param, "full_tensor") else param)
+    for name, param in full_parameters(src):
+        targets[name].copy_(param)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

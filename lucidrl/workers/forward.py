@@ -104,8 +104,8 @@ def response_log_probs(
     hidden = head_chunk_tokens > 0
     if hidden:
         check_chunkable_head(model)
-    repeats = "uid" in batch and (data_parallel or len(set(batch["uid"])) < len(batch))
-    if share_prompt and repeats:
+    groups = "uid" in batch and (data_parallel or len(set(batch["uid"])) < len(batch))
+    if share_prompt and groups:
         states = _response_logits_shared_prefix(model, batch, hidden)
     else:
         input_ids, attention_mask, position_ids = sequence_inputs(batch)

@@ -27,10 +27,10 @@ from lucidrl.controller.dispatch import Dispatch, dispatch
 from lucidrl.controller.distributed import (
     DistInfo,
     copy_full_parameters,
+    full_parameters,
     full_state_dict,
     init_process_group,
     local_cuda_index,
-    reshard,
     unwrap,
     wrap_for_training,
 )
@@ -208,27 +208,18 @@ class PolicyWorker:
     def _push_rollout_weights(self) -> str:
         """Hand the actor's full parameters to a vllm or server engine (a collective when sharded)."""
         actor = self._need("actor", self.actor)
-        params = unwrap(actor.model).named_parameters()
         if self.world_size > 1 and self.cfg.rollout.name == "vllm":
             # each rank's engine takes the parameters one gathered tensor at a time: no rank holds a
             # whole second copy of the weights next to its shard and the engine's. Gathered in the
             # compute dtype the engine runs in (half the bytes with bf16)
-            reshard(actor.model)
-            dtype = self.compute_dtype
-
-            def full(p: torch.Tensor) -> torch.Tensor:
-                if not hasattr(p, "full_tensor"):
-                    return p
-                return (p.to(dtype) if dtype is not None else p).full_tensor()
-
-            gathered = ((name, full(p)) for name, p in params)
+            gathered = full_parameters(actor.model, self.compute_dtype)
             try:
                 return self.rollout.load_weights(gathered)
             except BaseException:
                 for _ in gathered:  # the other ranks are still gathering: finish every all-gather, then fail
                     pass
                 raise
-        named = dict(params)
+        named = dict(unwrap(actor.model).named_parameters())
         if self.world_size > 1:  # shards: gather the full tensors (every rank takes part)
             full = full_state_dict(actor.model)
             named = {name: full[name] for name in named}
