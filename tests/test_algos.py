@@ -100,6 +100,16 @@ def test_grpo_equal_scores_give_zero_advantage():
     assert torch.equal(adv, torch.zeros_like(adv))
 
 
+@pytest.mark.parametrize("score", [0.7, 0.1, 1 / 3])
+def test_grpo_tied_scores_that_float32_cannot_average_exactly_still_give_zero(score):
+    # 16 x 0.7 in float32: the group mean is off by rounding and the std is ~1e-8, so dividing by
+    # std + 1e-6 (verl's way) gives |A| ~ 0.06-0.1, one sign for the whole group
+    rewards, mask = outcome_rewards([score] * 16 + [0.0, 1.0], [2] * 18)
+    adv, _ = compute_grpo_outcome_advantage(rewards, mask, [0] * 16 + [1, 1])
+    assert torch.equal(adv[:16], torch.zeros_like(adv[:16]))
+    assert adv[16:, 0].tolist() == pytest.approx([-1 / 2**0.5, 1 / 2**0.5], rel=1e-5)
+
+
 def test_grpo_masked_positions_exactly_zero_and_group_mean_zero():
     torch.manual_seed(1)
     bs, T = 16, 7
@@ -303,7 +313,7 @@ MASK = torch.tensor([[1, 1, 1], [1, 0, 0]])
         ("token-mean", (1 + 2 + 3 + 4) / 4),  # 2.5
         ("seq-mean-token-sum", (6 + 4) / 2),  # 5
         ("seq-mean-token-mean", (2 + 4) / 2),  # 3
-        ("seq-mean-token-sum-norm", (6 + 4) / 3),  # 3.333, T = 3
+        ("seq-mean-token-sum-norm", (6 / 3 + 4 / 3) / 2),  # 1.667, T = 3: a mean over sequences
     ],
 )
 def test_agg_loss_modes_hand_computed(mode, expected):
@@ -316,7 +326,7 @@ def test_agg_loss_modes_hand_computed(mode, expected):
         ("token-mean", 2.5),
         ("seq-mean-token-sum", 5.0),  # empty row 3 left out of the mean: not 10 / 3
         ("seq-mean-token-mean", 3.0),  # not 6 / 3
-        ("seq-mean-token-sum-norm", 10 / 3),
+        ("seq-mean-token-sum-norm", 5 / 3),
     ],
 )
 def test_agg_loss_empty_sequence_excluded(mode, expected):

@@ -113,6 +113,72 @@ def test_sorted_log_probs_and_update_match_plain_micro_batches(kk_data, tiny_mod
     assert diff(whole, budget) < 1e-6 * max(1.0, size), diff(whole, budget)
 
 
+def test_sum_norm_divides_by_the_max_response_length_however_the_batch_is_cut_or_padded(
+    kk_data, tiny_model, tiny_tokenizer
+):
+    """Dr.GRPO's seq-mean-token-sum-norm: a mean over sequences of token sums / data.max_response_length.
+    Before, the divisor was the batch's own trimmed width and uneven micro-batches changed sample weights."""
+    from lucidrl.workers.forward import response_log_probs
+
+    model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
+    with torch.no_grad():
+        lp, _ = per_token_log_probs(model.eval(), out, 16, 1.0, False, True, False)
+    out.set("old_log_probs", lp * out["response_mask"])
+    out.set("advantages", torch.randn(len(out), 1).expand_as(out["response_mask"]) * out["response_mask"])
+
+    def gradient(batch, micro, length_sorted, max_tokens=None):
+        cfg = ActorConfig(
+            optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=micro,
+            length_sorted_micro_batches=length_sorted, loss_agg_mode="seq-mean-token-sum-norm",
+            use_dynamic_bsz=max_tokens is not None, ppo_max_token_len_per_gpu=max_tokens or 1,
+        )  # fmt: skip
+        actor = ActorWorker(copy.deepcopy(model).train(), cfg, temperature=1.0, samples_per_prompt=4,
+                            response_length=32)  # fmt: skip
+        chunks = actor._micro_batches(batch)
+        metrics = defaultdict(list)
+        for ub, w in zip(chunks, actor._loss_weights(batch, chunks), strict=True):
+            actor._micro_step(ub, w, metrics)
+        sizes = [len(ub) for ub in chunks]
+        return {n: p.grad.clone() for n, p in actor.model.named_parameters() if p.grad is not None}, sizes
+
+    def diff(a, b):
+        return max((a[n] - b[n]).abs().max().item() for n in a)
+
+    # the hand-written objective: per-sample token sums of the PPO loss, / 32, averaged over the 16 samples
+    reference = copy.deepcopy(model).train()
+    new_lp, _ = response_log_probs(reference, out, temperature=1.0, with_entropy=False)
+    ratio = torch.exp(new_lp - out["old_log_probs"])
+    mask = out["response_mask"]
+    per_token = torch.maximum(-out["advantages"] * ratio, -out["advantages"] * ratio.clamp(0.8, 1.2))
+    ((per_token * mask).sum(-1) / 32).mean().backward()
+    hand = {n: p.grad.clone() for n, p in reference.named_parameters() if p.grad is not None}
+    size = max(g.abs().max().item() for g in hand.values())
+
+    whole, _ = gradient(out, 16, False)
+    assert diff(hand, whole) < 1e-6 * max(1.0, size), diff(hand, whole)
+    for grads in (gradient(out, 4, True)[0], gradient(out, 2, False)[0]):
+        assert diff(whole, grads) < 1e-6 * max(1.0, size), diff(whole, grads)
+    prompt = out["prompts"].shape[1]
+    budget, sizes = gradient(out, 16, True, max_tokens=8 * (prompt + 15))
+    assert len(set(sizes)) > 1  # micro-batches of unequal sample counts
+    assert diff(whole, budget) < 1e-6 * max(1.0, size), diff(whole, budget)
+    # the same batch padded wider than its longest response (another step's rollout width): same gradient
+    width = out["responses"].shape[1]
+    wide = Batch(
+        tensors={
+            k: torch.nn.functional.pad(
+                v, (0, 6), value=tiny_tokenizer.pad_token_id if k == "responses" else 0
+            )
+            if k != "prompts" and k != "prompt_mask" and v.ndim == 2 and v.shape[1] == width
+            else v
+            for k, v in out.tensors.items()
+        },
+        non_tensors=out.non_tensors,
+    )
+    assert wide["responses"].shape[1] == width + 6
+    assert diff(whole, gradient(wide, 16, False)[0]) < 1e-6 * max(1.0, size)
+
+
 def _tokens(mb):
     return len(mb) * (mb["prompts"].shape[1] + mb["responses"].shape[1])
 
@@ -190,8 +256,8 @@ def test_entropy_is_a_graph_free_metric_unless_it_is_in_the_loss(kk_data, tiny_m
                           entropy_coeff=coeff)  # fmt: skip
         actor = ActorWorker(copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4)
         metrics = defaultdict(list)
-        actor._micro_step(out, 1.0, metrics)
-        assert metrics["actor/entropy"][0] > 0
+        entropy = actor._micro_step(out, 1.0, metrics)
+        assert entropy > 0 and not entropy.requires_grad
         grads.append(torch.cat([p.grad.flatten() for p in actor.model.parameters() if p.grad is not None]))
     assert (grads[0] - grads[1]).abs().max() > 1e-4
 

@@ -46,7 +46,9 @@ def compute_grpo_outcome_advantage(
     score_i = sum_t token_level_rewards[i, t]; per group (samples sharing an `index` value)
     A_i = (score_i - mean) / (std + epsilon), with torch.std's unbiased std, or A_i = score_i - mean
     when `norm_adv_by_std_in_grpo` is False (Dr.GRPO). A_i is broadcast to every response token and
-    zeroed where `response_mask` is 0. A group where every sample scored the same gets A = 0.
+    zeroed where `response_mask` is 0. A group where every sample scored the same gets exactly A = 0
+    (decided by comparing the scores, not by the rounded std, which verl divides by: 16 samples all
+    scoring 0.7 get |A| up to 0.06 there).
 
     A group of a single sample has no baseline: following verl it gets mean 0 and std 1, so its
     advantage is its raw score / (1 + epsilon) — sample several responses per prompt.
@@ -87,6 +89,13 @@ def compute_grpo_outcome_advantage(
         adv = scores - mean[group]
         if norm_adv_by_std_in_grpo:
             adv = adv / (std[group] + epsilon)
+        # A tied group's mean is off by rounding (16 x 0.7 in float32: |score - mean| ~ 6e-8), and the
+        # std it gives is as small, so the quotient would be up to ~0.1 with one sign for the whole
+        # group. Compare the scores themselves instead: a group whose max equals its min gets exactly 0.
+        high = torch.full_like(mean, -torch.inf).scatter_reduce_(0, group, scores, "amax")
+        low = torch.full_like(mean, torch.inf).scatter_reduce_(0, group, scores, "amin")
+        tied = (high == low) & ~single
+        adv = torch.where(tied[group], torch.zeros_like(adv), adv)
         # where, not multiply: masked positions become exactly +0.0 (a product would give -0.0 or NaN).
         advantages = torch.where(response_mask.bool(), adv.unsqueeze(-1), 0.0)
     return advantages, advantages.clone()

@@ -78,7 +78,12 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
         token-mean:              sum(loss * m) / sum(m) — every token in the batch weighs the same.
         seq-mean-token-sum:      mean over sequences of sum_t(loss * m).
         seq-mean-token-mean:     mean over sequences of the per-sequence masked mean.
-        seq-mean-token-sum-norm: sum(loss * m) / T — a constant normaliser, no length bias (Dr.GRPO).
+        seq-mean-token-sum-norm: mean over sequences of sum_t(loss * m) / T — Dr.GRPO's constant
+                                 normaliser, no length bias, as the paper and TRL's "dr_grpo" define it.
+                                 T must then be the same every step: the workers pad the loss inputs to
+                                 data.max_response_length (`pad_response_width`). verl divides the sum
+                                 by T alone, not by the number of sequences, so its loss grows with
+                                 the micro-batch and its scale depends on how the mini-batch is cut.
 
     Sequences whose mask is all zero are left out of the seq-mean modes' mean; when nothing is
     unmasked every mode returns 0, still attached to the graph, instead of NaN.
@@ -102,12 +107,34 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
 
     if loss_agg_mode == "token-mean":
         return _safe_div(masked.sum(), mask.sum())
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        return masked.sum() / loss_mask.shape[-1]
 
     tokens_per_seq = mask.sum(dim=-1)
     seq_losses = masked.sum(dim=-1)
     if loss_agg_mode == "seq-mean-token-mean":
         seq_losses = _safe_div(seq_losses, tokens_per_seq)
+    elif loss_agg_mode == "seq-mean-token-sum-norm":
+        seq_losses = seq_losses / loss_mask.shape[-1]
     nonempty = (tokens_per_seq > 0).to(loss_mat.dtype)
     return _safe_div((seq_losses * nonempty).sum(), nonempty.sum())
+
+
+def pad_response_width(width: int, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Each (bs, R) tensor zero-padded on the right to (bs, width); None stays None.
+
+    seq-mean-token-sum-norm divides by the loss matrix's width, which must be a constant (Dr.GRPO's
+    max response length) while the rollout trims each batch to its longest response and the update
+    trims each micro-batch: padding the loss inputs (never the forward) restores it. The mask pads
+    with zeros, so the padded positions count for nothing else.
+    """
+    out: list[torch.Tensor | None] = []
+    for t in tensors:
+        if t is None:
+            out.append(None)
+            continue
+        if t.shape[-1] > width:
+            raise ValueError(
+                f"a response of {t.shape[-1]} tokens is wider than the normalising length {width} of "
+                "loss_agg_mode=seq-mean-token-sum-norm (data.max_response_length); raise it"
+            )
+        out.append(torch.nn.functional.pad(t, (0, width - t.shape[-1])))
+    return out

@@ -106,7 +106,10 @@ class OptimConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    warmup_steps: int = 0  # linear learning-rate warm-up from 0
+    # linear learning-rate warm-up: step k of it at lr * k / warmup_steps. Counted in RL steps for the
+    # actor and critic (the schedule advances once per update, however many mini-batches), in optimizer
+    # steps for lucidrl sft
+    warmup_steps: int = 0
     grad_clip: float = 1.0  # max global grad norm; a non-finite norm skips the step and is counted
 
 
@@ -276,7 +279,7 @@ class TrainerConfig:
     total_epochs: int = 1
     total_training_steps: int | None = None  # None: total_epochs over the training set
     test_freq: int = 0  # validate every N steps (and after the last); 0: only after the last step
-    val_before_train: bool = True
+    val_before_train: bool = True  # not on a resume (verl validates again there): the start was measured
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     save_final_model: bool = True
     # checkpoints (verl's keys): full training state every N steps in RUN_DIR/checkpoints (0: none)

@@ -8,6 +8,7 @@ from collections import defaultdict
 import torch
 
 from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
+from lucidrl.algos.aggregation import pad_response_width
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig
 from lucidrl.models.precision import compute_context
@@ -100,6 +101,14 @@ class ReferenceWorker:
         return Batch(tensors={"ref_log_probs": lp * batch["response_mask"]})
 
 
+def _local_share(ub: Batch, mb: Batch, loss_agg_mode: str) -> float:
+    """The micro-batch's share of this rank's mini-batch under `loss_agg_mode`: summing its aggregates
+    by these shares gives the aggregate of the whole (local) mini-batch."""
+    if loss_agg_mode == "token-mean":
+        return float(ub["response_mask"].sum()) / max(float(mb["response_mask"].sum()), 1.0)
+    return len(ub) / len(mb)
+
+
 class ActorWorker:
     """Holds the policy and its optimizer; computes log-probs and runs PPO-style updates."""
 
@@ -112,9 +121,17 @@ class ActorWorker:
         samples_per_prompt: int,
         world_size: int = 1,
         compute_dtype: torch.dtype | None = None,
+        response_length: int | None = None,
     ):
         self.model = model
         self.cfg = cfg
+        # seq-mean-token-sum-norm's constant divisor (data.max_response_length): the loss inputs are
+        # padded to it, whatever the batch's or micro-batch's own width
+        self.norm_width = response_length if cfg.loss_agg_mode == "seq-mean-token-sum-norm" else None
+        if self.norm_width is None and cfg.loss_agg_mode == "seq-mean-token-sum-norm":
+            raise ValueError(
+                "loss_agg_mode=seq-mean-token-sum-norm needs response_length (data.max_response_length)"
+            )
         self.temperature = temperature
         self.compute_dtype = compute_dtype  # autocast dtype of every forward; weights and grads keep theirs
         # a mini-batch is ppo_mini_batch_size prompts in all; each data-parallel rank holds its share
@@ -147,9 +164,10 @@ class ActorWorker:
         mask = batch["response_mask"]
         return Batch(tensors={"old_log_probs": lp * mask, "entropy": ent * mask})
 
-    def _micro_step(self, ub: Batch, weight: float, metrics: dict[str, list[float]]) -> None:
+    def _micro_step(self, ub: Batch, weight: float, metrics: dict[str, list[float]]) -> torch.Tensor:
+        """Forward and backward of one micro-batch, its loss scaled by `weight`; returns its entropy
+        aggregated as the loss is (detached), for the entropy metric."""
         cfg = self.cfg
-        mask = ub["response_mask"]
         with compute_context(self.model, self.compute_dtype):  # the backward below runs outside it
             log_prob, entropy = response_log_probs(
                 self.model,
@@ -162,10 +180,16 @@ class ActorWorker:
                 head_chunk_tokens=cfg.head_chunk_tokens,
                 compiled=cfg.use_torch_compile,
             )
+        old, adv, mask = ub["old_log_probs"], ub["advantages"], ub["response_mask"]
+        ref = ub["ref_log_probs"] if cfg.use_kl_loss else None
+        if self.norm_width is not None:
+            log_prob, entropy, old, adv, mask, ref = pad_response_width(
+                self.norm_width, log_prob, entropy, old, adv, mask, ref
+            )
         pg_loss, pg_metrics = self.policy_loss_fn(
-            old_log_prob=ub["old_log_probs"],
+            old_log_prob=old,
             log_prob=log_prob,
-            advantages=ub["advantages"],
+            advantages=adv,
             response_mask=mask,
             clip_ratio_low=cfg.clip_ratio_low,
             clip_ratio_high=cfg.clip_ratio_high,
@@ -177,23 +201,30 @@ class ActorWorker:
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * entropy_loss
         if cfg.use_kl_loss:
-            kl = kl_penalty(log_prob, ub["ref_log_probs"], cfg.kl_loss_type)
+            kl = kl_penalty(log_prob, ref, cfg.kl_loss_type)
             kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
             loss = loss + cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"].append(kl_loss.item())
             metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
         (loss * weight).backward()
         metrics["actor/pg_loss"].append(pg_loss.item())
-        metrics["actor/entropy"].append(entropy_loss.item())
         for k, v in pg_metrics.items():
             metrics[f"actor/{k}"].append(float(v))
+        return entropy_loss.detach()
+
+    def _batch_entropy(self, batch: Batch) -> float:
+        """The rollout policy's entropy over this rank's batch, aggregated with loss_agg_mode (verl's
+        actor/entropy, from the old-log-prob pass)."""
+        entropy, mask = batch["entropy"], batch["response_mask"]
+        if self.norm_width is not None:
+            entropy, mask = pad_response_width(self.norm_width, entropy, mask)
+        return float(agg_loss(entropy, mask, self.cfg.loss_agg_mode))
 
     def _micro_batches(self, mb: Batch) -> list[Batch]:
-        """Length-sorted, padding-trimmed micro-batches; seq-mean-token-sum-norm divides by the padded
-        length, so with it (or the option off) the micro-batches are plain consecutive chunks. Of
+        """Length-sorted, padding-trimmed micro-batches (plain consecutive chunks with the option off) of
         ppo_micro_batch_size samples, or of at most ppo_max_token_len_per_gpu tokens (use_dynamic_bsz)."""
         cfg = self.cfg
-        length_sorted = cfg.length_sorted_micro_batches and cfg.loss_agg_mode != "seq-mean-token-sum-norm"
+        length_sorted = cfg.length_sorted_micro_batches
         max_tokens = cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
         chunks = micro_batches(mb, cfg.ppo_micro_batch_size, length_sorted, max_tokens, self.world_size)
         return [ub for _, ub in chunks]
@@ -203,18 +234,32 @@ class ActorWorker:
         return loss_weights(mb, ubs, self.cfg.loss_agg_mode, self.world_size)
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each."""
+        """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each.
+
+        The learning-rate schedule advances once per update (one RL step), as verl's does, however
+        many mini-batches and epochs the update takes: optim.warmup_steps counts RL steps.
+        """
         cfg = self.cfg
         self.model.train()
         mini = self.mini_batch
         metrics: dict[str, list[float]] = defaultdict(list)
+        lr = self.scheduler.get_last_lr()[0]  # the rate every optimizer step of this update uses
+        # entropy of the policy that sampled the batch: from the old-log-prob pass where it ran;
+        # otherwise (provably on-policy: one epoch, one mini-batch) the first mini-batch's forwards
+        # run before any optimizer step and see that same policy
+        entropy = self._batch_entropy(batch) if "entropy" in batch else None
         steps = skipped = 0
         for _ in range(cfg.ppo_epochs):
             for mb in batch.split(mini):
                 self.optimizer.zero_grad(set_to_none=True)
                 ubs = self._micro_batches(mb)
+                mb_entropy = 0.0
                 for ub, weight in zip(ubs, self._loss_weights(mb, ubs), strict=True):
-                    self._micro_step(ub, weight, metrics)
+                    mb_entropy += _local_share(ub, mb, cfg.loss_agg_mode) * float(
+                        self._micro_step(ub, weight, metrics)
+                    )
+                if entropy is None:
+                    entropy = mb_entropy
                 grad_norm = clip_grad(self.model, cfg.optim.grad_clip)
                 steps += 1
                 if not math.isfinite(grad_norm):
@@ -224,7 +269,7 @@ class ActorWorker:
                 else:
                     self.optimizer.step()
                     metrics["actor/grad_norm"].append(grad_norm)
-                self.scheduler.step()
+        self.scheduler.step()
         self.nonfinite_skipped += skipped
         if skipped == steps:
             raise NonFiniteLossError(
@@ -232,6 +277,7 @@ class ActorWorker:
                 f"lower actor.optim.lr, check the rewards for NaN, or use model.dtype=float32"
             )
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
-        out["actor/lr"] = self.scheduler.get_last_lr()[0]
+        out["actor/entropy"] = entropy
+        out["actor/lr"] = lr
         out["actor/nonfinite_skipped"] = float(skipped)
         return out

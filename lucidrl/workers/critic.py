@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 from transformers.utils import logging as hf_logging
 
 from lucidrl.algos import compute_value_loss
+from lucidrl.algos.aggregation import pad_response_width
 from lucidrl.batch import Batch
 from lucidrl.config.schema import CriticConfig
 from lucidrl.models.loading import ModelLoadError
@@ -72,24 +73,30 @@ class CriticWorker:
         samples_per_prompt: int,
         world_size: int = 1,
         compute_dtype: torch.dtype | None = None,
+        response_length: int | None = None,
     ):
         self.model = model
         self.cfg = cfg
+        # seq-mean-token-sum-norm's constant divisor: the loss inputs are padded to it (as the actor's)
+        self.norm_width = response_length if cfg.loss_agg_mode == "seq-mean-token-sum-norm" else None
+        if self.norm_width is None and cfg.loss_agg_mode == "seq-mean-token-sum-norm":
+            raise ValueError(
+                "loss_agg_mode=seq-mean-token-sum-norm needs response_length (data.max_response_length)"
+            )
         self.world_size = world_size
         self.compute_dtype = compute_dtype  # autocast dtype of the value forwards (model.compute_dtype)
         self.mini_batch = mini_batch_prompts * samples_per_prompt // world_size
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim)
+        self.nonfinite_skipped = 0
 
     def _micro_batches(self, batch: Batch) -> list[tuple[torch.Tensor, Batch]]:
         """ppo_micro_batch_size samples in batch order; with use_dynamic_bsz, length-sorted, trimmed
-        micro-batches of at most ppo_max_token_len_per_gpu tokens (not trimmed for
-        seq-mean-token-sum-norm, which divides by the padded length)."""
+        micro-batches of at most ppo_max_token_len_per_gpu tokens."""
         c = self.cfg
         if not c.use_dynamic_bsz:
             return micro_batches(batch, c.ppo_micro_batch_size, False)
-        trim = c.loss_agg_mode != "seq-mean-token-sum-norm"
         return micro_batches(
-            batch, c.ppo_micro_batch_size, trim, c.ppo_max_token_len_per_gpu, self.world_size
+            batch, c.ppo_micro_batch_size, True, c.ppo_max_token_len_per_gpu, self.world_size
         )
 
     @torch.no_grad()
@@ -101,9 +108,14 @@ class CriticWorker:
         return Batch(tensors={"values": values * batch["response_mask"]})
 
     def update(self, batch: Batch) -> dict[str, float]:
+        """ppo_epochs passes over mini-batches; one optimizer step each, and one step of the learning-rate
+        schedule per update (per RL step) as the actor's. A step whose gradient norm is not finite is
+        skipped and counted (critic/nonfinite_skipped); an update where every step is raises."""
         cfg = self.cfg
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)
+        lr = self.scheduler.get_last_lr()[0]
+        steps = skipped = 0
         for _ in range(cfg.ppo_epochs):
             for mb in batch.split(self.mini_batch):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -113,29 +125,37 @@ class CriticWorker:
                 ):
                     with compute_context(self.model, self.compute_dtype):
                         vpreds = response_values(self.model, ub)
+                    returns, values, mask = ub["returns"], ub["values"], ub["response_mask"]
+                    if self.norm_width is not None:
+                        vpreds, returns, values, mask = pad_response_width(
+                            self.norm_width, vpreds, returns, values, mask
+                        )
                     loss, m = compute_value_loss(
-                        vpreds,
-                        ub["returns"],
-                        ub["values"],
-                        ub["response_mask"],
-                        cfg.cliprange_value,
-                        cfg.loss_agg_mode,
+                        vpreds, returns, values, mask, cfg.cliprange_value, cfg.loss_agg_mode
                     )
                     (loss * weight).backward()
                     metrics["critic/vf_loss"].append(loss.item())
                     metrics["critic/vf_clipfrac"].append(float(m["vf_clipfrac"]))
-                    mask = ub["response_mask"].bool()
+                    mask = mask.bool()
                     metrics["critic/vpred_mean"].append(
                         vpreds.detach()[mask].mean().item() if mask.any() else 0.0
                     )
                 grad_norm = clip_grad(self.model, cfg.optim.grad_clip)
+                steps += 1
                 if not math.isfinite(grad_norm):
-                    raise NonFiniteLossError(
-                        f"critic gradient norm is {grad_norm}; lower critic.optim.lr or check the rewards for NaN"
-                    )
+                    self.optimizer.zero_grad(set_to_none=True)  # never train on a NaN/inf gradient
+                    skipped += 1
+                    continue
                 self.optimizer.step()
-                self.scheduler.step()
                 metrics["critic/grad_norm"].append(grad_norm)
+        self.scheduler.step()
+        self.nonfinite_skipped += skipped
+        if skipped == steps:
+            raise NonFiniteLossError(
+                f"all {steps} critic optimizer steps of this update had a non-finite gradient norm; "
+                "lower critic.optim.lr or check the rewards for NaN"
+            )
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
-        out["critic/lr"] = self.scheduler.get_last_lr()[0]
+        out["critic/lr"] = lr
+        out["critic/nonfinite_skipped"] = float(skipped)
         return out

@@ -109,6 +109,7 @@ class PolicyWorker:
                 samples_per_prompt=cfg.rollout.n,
                 world_size=self.world_size,
                 compute_dtype=compute,
+                response_length=cfg.data.max_response_length,
             )
             if not isinstance(self.rollout, HFRollout):
                 self._push_rollout_weights()  # the engine must generate with the actor's weights
@@ -127,6 +128,7 @@ class PolicyWorker:
                 samples_per_prompt=cfg.rollout.n,
                 world_size=self.world_size,
                 compute_dtype=compute,
+                response_length=cfg.data.max_response_length,
             )
         if "reward_model" in roles:
             self.reward_model = RewardModelWorker.from_config(cfg.reward_model, self.tokenizer, self.device)

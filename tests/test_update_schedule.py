@@ -1,0 +1,88 @@
+"""What one update does with its schedule and metrics: the learning rate advances once per RL step (not per
+optimizer step), actor/entropy is the sampling policy's, token-weighted over the batch, and a critic step
+with a non-finite gradient is skipped and counted as the actor's is."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_micro_batches import _rollout_with_varied_lengths
+
+from lucidrl.algos import agg_loss
+from lucidrl.config.schema import ActorConfig, CriticConfig, OptimConfig
+from lucidrl.workers.actor import ActorWorker, NonFiniteLossError
+from lucidrl.workers.critic import CriticWorker, load_value_model
+
+
+@pytest.fixture(scope="module")
+def rollout(kk_data, tiny_model, tiny_tokenizer):
+    model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
+    out.set("old_log_probs", out["rollout_log_probs"])
+    torch.manual_seed(0)
+    out.set("advantages", torch.randn(len(out), 1).expand_as(out["response_mask"]) * out["response_mask"])
+    return model, out
+
+
+def test_warm_up_counts_rl_steps_and_actor_lr_is_the_rate_the_update_used(rollout):
+    model, out = rollout
+    # 16 samples, mini-batches of 2 prompts x 4 samples, 2 epochs: 4 optimizer steps per update
+    cfg = ActorConfig(optim=OptimConfig(lr=1e-2, warmup_steps=4), ppo_mini_batch_size=2, ppo_epochs=2)
+    actor = ActorWorker(copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4)
+    lrs = []
+    for _ in range(5):
+        lrs.append(actor.update(out)["actor/lr"])
+        assert actor.optimizer.param_groups[0]["lr"] == pytest.approx(min(1.0, (len(lrs) + 1) / 4) * 1e-2)
+    # before: the schedule stepped per optimizer step, so all of the warm-up passed within the first RL
+    # step, and actor/lr reported the next step's rate
+    assert lrs == pytest.approx([2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2])
+
+
+def test_actor_entropy_is_the_sampling_policys_token_mean_over_the_batch(rollout):
+    model, out = rollout
+    model = copy.deepcopy(model)
+    with torch.no_grad():  # a random model's entropy is ln(vocab) everywhere: make it vary by token
+        model.get_output_embeddings().weight.mul_(8.0)
+    # length-sorted micro-batches of 4 samples hold 29 to 42 tokens: an unweighted mean of their means
+    # (the metric before) is not the token mean
+    cfg = ActorConfig(optim=OptimConfig(lr=1e-1), ppo_mini_batch_size=4, ppo_micro_batch_size=4)
+    actor = ActorWorker(copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4)
+    old = actor.compute_log_prob(out)
+    out = out.select(torch.arange(len(out)))
+    out.set("old_log_probs", old["old_log_probs"])
+    expected = float(agg_loss(old["entropy"], out["response_mask"], "token-mean"))
+    means = [float(agg_loss(old["entropy"][i : i + 4], out["response_mask"][i : i + 4], "token-mean"))
+             for i in range(0, 16, 4)]  # fmt: skip
+    assert max(means) - min(means) > 0.05 * expected  # so that the weighting matters
+    # on-policy (no old-log-prob pass): from the update's own forwards, before its optimizer step
+    assert actor.update(out)["actor/entropy"] == pytest.approx(expected, rel=1e-5)
+    # where the old-log-prob pass ran, its entropy, though the update moved the weights (lr 0.1)
+    fresh = ActorWorker(copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4)
+    with_pass = out.select(torch.arange(len(out)))
+    with_pass.update(old)
+    assert fresh.update(with_pass)["actor/entropy"] == pytest.approx(expected, rel=1e-5)
+    assert float(agg_loss(actor.compute_log_prob(out)["entropy"], out["response_mask"], "token-mean")) != (
+        pytest.approx(expected, rel=1e-3)
+    )
+
+
+def test_a_critic_step_with_a_non_finite_gradient_is_skipped_and_counted(rollout, tiny_model):
+    _, out = rollout
+    cfg = CriticConfig(optim=OptimConfig(lr=1e-3))
+    critic = CriticWorker(
+        load_value_model(str(tiny_model["path"])), cfg, mini_batch_prompts=2, samples_per_prompt=4
+    )
+    batch = out.select(torch.arange(len(out)))
+    batch.update(critic.compute_values(batch))
+    returns = torch.randn(batch["response_mask"].shape) * batch["response_mask"]
+    returns[0, 0] = float("nan")  # in the first of two mini-batches only
+    batch.set("returns", returns)
+    before = {n: p.detach().clone() for n, p in critic.model.named_parameters()}
+    metrics = critic.update(batch)
+    assert metrics["critic/nonfinite_skipped"] == 1.0 and critic.nonfinite_skipped == 1
+    assert all(torch.isfinite(p).all() for p in critic.model.parameters())
+    assert any(not p.equal(before[n]) for n, p in critic.model.named_parameters())  # the second step ran
+    batch.set("returns", torch.full_like(returns, float("nan")))
+    with pytest.raises(NonFiniteLossError, match="all 2 critic optimizer steps"):
+        critic.update(batch)
