@@ -102,6 +102,7 @@ def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model):
     for r in records:
         assert math.isfinite(r["actor/pg_loss"]) and r["actor/grad_norm"] > 0, r
         assert r["critic/advantages/max"] > r["critic/advantages/min"]
+        assert r["training/epoch"] >= 0 and r["actor/entropy"] > 0
     if name == "gae_critic":
         assert math.isfinite(records[-1]["critic/vf_loss"]) and "critic/vf_explained_var" in records[-1]
         assert records[-1]["actor/reward_kl_penalty_coeff"] == pytest.approx(0.001)
@@ -109,6 +110,7 @@ def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model):
         assert records[-1]["actor/reward_kl_penalty_coeff"] != pytest.approx(0.05)  # the controller moved it
     if name == "dapo":
         assert records[0]["dapo/gen_rounds"] >= 1 and "reward/overlong_penalty/mean" in records[0]
+        assert records[0]["dapo/groups_surplus_unused"] >= 0
         assert (
             records[0]["critic/groups_with_mixed_scores"] == 1.0
             or records[0]["dapo/filled_with_tied_groups"] > 0

@@ -588,12 +588,12 @@ def test_overlong_length_beyond_max_is_error():
 
 
 def test_dynamic_sampling_keep_mask():
-    # a: all 1 (dropped), b: 0 and 1 (kept), c: all .5 (dropped), d: single sample (dropped)
+    # a: all 1 (dropped), b: 0 and 1 (kept), c: all .5 (dropped), d: single sample (kept, as verl's)
     scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 3.0])
     keep, m = dynamic_sampling_keep_mask(scores, ["a", "a", "b", "b", "c", "c", "d"])
     assert keep.dtype == torch.bool
-    assert keep.tolist() == [False, False, True, True, False, False, False]
-    assert m == {"dapo/groups_total": 4, "dapo/groups_kept": 1, "dapo/groups_dropped_all_same": 3}
+    assert keep.tolist() == [False, False, True, True, False, False, True]
+    assert m == {"dapo/groups_total": 4, "dapo/groups_kept": 2, "dapo/groups_dropped_all_same": 2}
 
 
 def test_dynamic_sampling_equal_floats_are_dropped_and_int_scores_work():

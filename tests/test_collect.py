@@ -16,7 +16,15 @@ def half_tied(data_source, solution_str, ground_truth, extra_info):
     return 0.0 if extra_info["index"] % 2 == 0 else float(len(solution_str) % 3)
 
 
-def _collector(kk_data, tiny_model, tok, rounds):
+def late_extra(data_source, solution_str, ground_truth, extra_info):
+    # three of the first round's four prompts tie, and only prompts from the second round on return an
+    # extra metric: the rounds' reward_extra fields differ
+    i = extra_info["index"]
+    score = 0.0 if i < 3 else float(sum(map(ord, solution_str)) % 97)
+    return {"score": score, "late": 1.0} if i >= 4 else score
+
+
+def _collector(kk_data, tiny_model, tok, rounds, reward=half_tied):
     cfg = config_from_dict(
         {
             "model": {"path": tiny_model["path"]},
@@ -37,7 +45,7 @@ def _collector(kk_data, tiny_model, tok, rounds):
 
     rollout = HFRollout(load_model(tiny_model["path"]), tok)
     return BatchCollector(
-        cfg, rollout, RuleRewardManager(tok, half_tied), prompts(), pad_token_id=tok.pad_token_id
+        cfg, rollout, RuleRewardManager(tok, reward), prompts(), pad_token_id=tok.pad_token_id
     )
 
 
@@ -57,6 +65,18 @@ def test_cap_on_rounds_fills_with_tied_groups_and_counts_them(kk_data, tiny_mode
     batch, metrics = _collector(kk_data, tiny_model, tiny_tokenizer, rounds=1).collect({})
     assert len(batch) == 16 and metrics["dapo/gen_rounds"] == 1
     assert metrics["dapo/filled_with_tied_groups"] >= 2  # the two even-index prompts tie
+
+
+def test_rounds_with_different_reward_extras_concatenate_and_surplus_groups_are_counted(
+    kk_data, tiny_model, tiny_tokenizer
+):
+    torch.manual_seed(0)
+    batch, metrics = _collector(kk_data, tiny_model, tiny_tokenizer, rounds=4, reward=late_extra).collect({})
+    assert len(batch) == 16 and metrics["dapo/gen_rounds"] == 2  # before: BatchError on the fields
+    kept = 4 * metrics["dapo/gen_rounds"] - metrics["dapo/groups_dropped_all_same"]
+    assert kept > 4 and metrics["dapo/groups_surplus_unused"] == kept - 4
+    late = batch["reward_extra:late"].view(4, 4)[:, 0].tolist()
+    assert late[0] != late[0] and late[1:] == [1.0, 1.0, 1.0]  # NaN for the first round's group
 
 
 def test_align_widths_pads_prompts_left_and_responses_right():

@@ -93,6 +93,17 @@ def test_separate_pools_and_placement_errors():
             "actor.head_chunk_tokens=256",
             "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
         )
+    with pytest.raises(
+        ConfigError,
+        match=r"actor mini-batch of 1 prompts x rollout.n=3 = 3 samples does not split evenly over the 2",
+    ):
+        _placement(
+            "trainer.backend=ray",
+            "actor.ppo_mini_batch_size=1",
+            "actor.ppo_micro_batch_size=1",
+            "rollout.n=3",
+            "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
+        )
     with pytest.raises(ConfigError, match="placement.actor.pool='gpus' is not a pool"):
         _placement("placement.actor.pool=gpus")
     with pytest.raises(ConfigError, match="unknown role 'actr'"):

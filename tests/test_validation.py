@@ -44,3 +44,16 @@ def test_an_extra_first_returned_by_a_later_batch_lands_on_that_batchs_samples(k
     # the first two samples have no bonus (NaN, left out of the mean), the last two have 5.0
     assert out[f"val/{ds}/bonus"] == 5.0
     assert out[f"val/{ds}/acc"] == 1.0 and not math.isnan(out["val/acc"])
+
+
+def test_verls_val_core_and_val_aux_names_carry_the_same_means(kk_data, tiny_tokenizer):
+    samples, _ = load_prompts([str(kk_data["train"])], tiny_tokenizer, max_prompt_length=4096)
+    samples = [s for s in samples if s.extra_info.get("n_people") == 2][:4]
+    ds = samples[0].data_source
+    out = validate(_Rollout(), _Reward(), samples, SamplingParams(n=1), pad_token_id=0, batch_size=4)
+    assert out[f"val-core/{ds}/acc/mean@1"] == out[f"val/{ds}/acc"] == 1.0
+    assert out[f"val-aux/{ds}/reward/mean@1"] == out[f"val/{ds}/score"] == 1.0
+    no_acc = _Reward()
+    no_acc.score_is_accuracy = False  # a reward model's score: verl's core metric is then the reward
+    out = validate(_Rollout(), no_acc, samples, SamplingParams(n=1), pad_token_id=0, batch_size=4)
+    assert out[f"val-core/{ds}/reward/mean@1"] == 1.0 and f"val-core/{ds}/acc/mean@1" not in out

@@ -69,8 +69,9 @@ def dynamic_sampling_keep_mask(
 
     A group where every sample scored the same (all right or all wrong) has zero group-relative
     advantage and contributes no gradient, only noise in the batch size; DAPO drops such groups and
-    samples more prompts until the batch is full. A single-sample group counts as all-equal and is
-    dropped (verl's filter uses the group std, which is 0 for one sample).
+    samples more prompts until the batch is full. A single-sample group is kept, as verl's DAPO
+    trainer keeps it (its filter is std > 0 or a group of one); the trainer refuses dynamic sampling
+    with rollout.n < 2, where every group would be one.
 
     DAPO: https://arxiv.org/abs/2503.14476 (section 3.2, "Dynamic Sampling").
 
@@ -93,7 +94,8 @@ def dynamic_sampling_keep_mask(
     fill = torch.full((n_groups,), float("nan"), dtype=scores.dtype, device=scores.device)
     group_max = fill.scatter_reduce(0, group, scores, reduce="amax", include_self=False)
     group_min = fill.scatter_reduce(0, group, scores, reduce="amin", include_self=False)
-    kept_groups = group_max != group_min
+    counts = torch.bincount(group, minlength=n_groups)
+    kept_groups = (group_max != group_min) | (counts == 1)
     n_kept = int(kept_groups.sum().item())
     metrics = {
         "dapo/groups_total": n_groups,

@@ -136,6 +136,18 @@ def plan_groups(cfg: LucidConfig) -> list[GroupPlan]:
                 f"{wide[0].world_size} devices ({wide[0].where}); set trainer.backend=ray for data parallelism"
             )
     for p in plans:
+        for role, prompts in (
+            ("actor", cfg.actor.ppo_mini_batch_size),
+            ("critic", cfg.critic.ppo_mini_batch_size or cfg.actor.ppo_mini_batch_size),
+        ):
+            samples = prompts * cfg.rollout.n
+            if role in p.roles and p.world_size > 1 and samples % p.world_size:
+                raise ConfigError(
+                    f"a {role} mini-batch of {prompts} prompts x rollout.n={cfg.rollout.n} = {samples} samples does "
+                    f"not split evenly over the {p.world_size} ranks of {p.name} ({p.where}): each rank would take "
+                    f"{samples // p.world_size} and the update would run more optimizer steps than "
+                    f"{role}.ppo_mini_batch_size says; pick a mini-batch whose samples the rank count divides"
+                )
         if "actor" in p.roles and p.world_size > 1 and cfg.actor.head_chunk_tokens > 0:
             raise ConfigError(
                 f"actor.head_chunk_tokens={cfg.actor.head_chunk_tokens}: the chunked LM head runs with one rank "

@@ -69,6 +69,18 @@ def align_widths(batches: list[Batch], pad_token_id: int) -> list[Batch]:
     return out
 
 
+def fill_missing_extras(batches: list[Batch]) -> list[Batch]:
+    """Give every batch the reward_extra:<key> tensors any of them has, NaN where a round's reward never
+    returned the key (a data source without it, or an extra a function returns only sometimes), so the
+    rounds concatenate; the metrics average extras with nanmean."""
+    keys = sorted({k for b in batches for k in b.keys() if k.startswith(EXTRA_PREFIX)})
+    for b in batches:
+        for k in keys:
+            if k not in b:
+                b.set(k, torch.full((len(b),), float("nan")))
+    return batches
+
+
 class BatchCollector:
     """Turns prompt batches into scored rollouts of exactly data.train_batch_size groups."""
 
@@ -128,11 +140,14 @@ class BatchCollector:
                 rounds,
                 filled,
             )
-        pool = Batch.concat(align_widths([b for b in kept + tied if len(b)], self.pad_token_id))
+        parts = fill_missing_extras([b for b in kept + tied if len(b)])
+        pool = Batch.concat(align_widths(parts, self.pad_token_id))
         out = pool.slice(0, wanted * n)  # kept groups come first; each group is n consecutive samples
         metrics = {
             "dapo/gen_rounds": float(rounds),
             "dapo/groups_dropped_all_same": float(dropped),
             "dapo/filled_with_tied_groups": float(filled),
+            # mixed groups of the last round beyond the batch: generated and scored, not trained on
+            "dapo/groups_surplus_unused": float(max(0, n_kept - wanted)),
         }
         return out, metrics

@@ -115,6 +115,7 @@ class PPOTrainer:
         )
         self.global_step = 0
         self.batches_drawn = 0  # batches taken from the loader's epochs so far (a resume skips them)
+        self.data_epoch = 0  # the epoch of the data the last prompt batch came from
         self.monitor = CollapseMonitor(cfg.trainer.collapse)
         self.collapse: CollapseReport | None = None
         self.healthy_step = 0  # the step whose weights the last snapshot holds (keep_last_healthy)
@@ -187,6 +188,7 @@ class PPOTrainer:
                 position += 1
                 if position > self.batches_drawn:  # after a resume, the batches before are skipped
                     self.batches_drawn = position
+                    self.data_epoch = epoch  # training/epoch: DAPO's extra rounds go past total_epochs
                     yield batch
             epoch += 1
 
@@ -226,6 +228,7 @@ class PPOTrainer:
                     w.actor.sync_rollout()
         metrics.update(step_metrics(batch, cfg.data.max_response_length))
         metrics.update(timing_metrics(t, batch))
+        metrics["training/epoch"] = float(self.data_epoch)  # of the last prompt batch drawn, from 0
         return metrics
 
     def validate(self) -> dict[str, float]:

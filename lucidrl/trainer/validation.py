@@ -25,7 +25,10 @@ def validate(
     pad_token_id: int,
     batch_size: int | None,
 ) -> dict[str, float]:
-    """val/<data_source>/score, val/<data_source>/acc, val/<data_source>/acc/<n>_people and extras."""
+    """val/<data_source>/score, val/<data_source>/acc, val/<data_source>/acc/<n>_people and extras, and
+    verl's names for the same means over the N = params.n samples of every prompt:
+    val-core/<data_source>/acc/mean@N (reward/mean@N where there is no accuracy) and
+    val-aux/<data_source>/reward/mean@N. verl's best@N, worst@N and maj@N are not computed."""
     bs = batch_size or len(samples)
     scored: list[Batch] = []
     extras: dict[str, list[float]] = defaultdict(list)
@@ -50,12 +53,18 @@ def validate(
         if n_people is not None:
             groups[f"{ds}/acc/{n_people}_people"].append(i)
     out: dict[str, float] = {}
+    at_n = f"mean@{params.n}"
     for key, idx in groups.items():
         if "/acc/" in key:
             out[f"val/{key}"] = nanmean([acc[i] for i in idx])
             continue
         out[f"val/{key}/score"] = nanmean([seq_scores[i] for i in idx])
         out[f"val/{key}/acc"] = nanmean([acc[i] for i in idx])
+        if all(a != a for a in (acc[i] for i in idx)):  # no accuracy: verl's core metric is the reward
+            out[f"val-core/{key}/reward/{at_n}"] = out[f"val/{key}/score"]
+        else:
+            out[f"val-core/{key}/acc/{at_n}"] = out[f"val/{key}/acc"]
+            out[f"val-aux/{key}/reward/{at_n}"] = out[f"val/{key}/score"]
         out[f"val/{key}/response_length"] = nanmean([lengths[i] for i in idx])
         for k, values in extras.items():
             if k != "acc":
