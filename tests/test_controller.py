@@ -95,7 +95,7 @@ def test_separate_pools_and_placement_errors():
         )
     with pytest.raises(
         ConfigError,
-        match=r"actor mini-batch of 1 prompts x rollout.n=3 = 3 samples does not split evenly over the 2",
+        match=r"actor.ppo_mini_batch_size: a mini-batch of 1 prompts x rollout.n=3 = 3 samples does not split evenly over the 2",
     ):
         _placement(
             "trainer.backend=ray",

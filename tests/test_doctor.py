@@ -339,10 +339,10 @@ def test_doctor_checks_a_rollout_server_answers_and_takes_weights(tmp_path, kk_d
 def test_more_ray_cpu_ranks_than_cpus_fails_the_placement_check(tmp_path, kk_data, tiny_model):
     cfg = load_config(
         write_train_config(tmp_path, kk_data, tiny_model),
-        ["trainer.backend=ray", "placement.pools.global.devices_per_node=3", "trainer.cpus_per_rank=2"],
+        ["trainer.backend=ray", "placement.pools.global.devices_per_node=4", "trainer.cpus_per_rank=2"],
     )
     needs, words = doctor.needs_of(cfg)
-    assert needs.ray and needs.ranks == 3 and not needs.gpu
-    check = doctor.check_placement(needs, words, cpus=4)
-    assert check.status == "fail" and "3 ranks x trainer.cpus_per_rank=2 CPUs" in check.detail
-    assert doctor.check_placement(needs, words, cpus=6).status == "ok"
+    assert needs.ray and needs.ranks == 4 and not needs.gpu
+    check = doctor.check_placement(needs, words, cpus=6)
+    assert check.status == "fail" and "4 ranks x trainer.cpus_per_rank=2 CPUs" in check.detail
+    assert doctor.check_placement(needs, words, cpus=8).status == "ok"

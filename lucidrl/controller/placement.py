@@ -143,7 +143,7 @@ def plan_groups(cfg: LucidConfig) -> list[GroupPlan]:
             samples = prompts * cfg.rollout.n
             if role in p.roles and p.world_size > 1 and samples % p.world_size:
                 raise ConfigError(
-                    f"a {role} mini-batch of {prompts} prompts x rollout.n={cfg.rollout.n} = {samples} samples does "
+                    f"{role}.ppo_mini_batch_size: a mini-batch of {prompts} prompts x rollout.n={cfg.rollout.n} = {samples} samples does "
                     f"not split evenly over the {p.world_size} ranks of {p.name} ({p.where}): each rank would take "
                     f"{samples // p.world_size} and the update would run more optimizer steps than "
                     f"{role}.ppo_mini_batch_size says; pick a mini-batch whose samples the rank count divides"
