@@ -37,6 +37,10 @@ def test_unknown_key_in_file_names_the_file(tmp_path):
         ("actor.use_kl_loss=1", "must be true or false"),
         ("model.dtype=float16", "must be one of 'float32', 'bfloat16'"),
         ("rollout.top_p=1.5", r"rollout.top_p.*\(0, 1\]"),
+        (
+            "rollout.val_kwargs={do_sample: true, temperature: 0}",
+            r"val_kwargs.temperature must be > 0.*do_sample=false",
+        ),
         ("actor.clip_ratio_c=1.0", "clip_ratio_c must be > 1"),
         ("algorithm.adv_estimator=grpoo", "algorithm.adv_estimator.*grpo"),
         ("actor.loss_agg_mode=token_mean", "actor.loss_agg_mode.*token-mean"),

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from lucidrl.data.dataset import collate, load_prompts
@@ -59,8 +60,12 @@ def test_sampling_respects_top_k_one(kk_data, tiny_model, tiny_tokenizer):
 
 
 def test_lucidrl_decode_loop_matches_transformers_generate_greedy(kk_data, tiny_model, tiny_tokenizer):
-    """Shared-prefix prefill, batch compaction and left padding change nothing in what is generated."""
+    """Shared-prefix prefill, batch compaction and left padding change nothing in what is generated; a
+    checkpoint's generation_config (a repetition penalty as Qwen2.5-Instruct ships, here suppressed tokens)
+    changes neither loop: the rollout's distribution is the one its log-probs and the actor's forward see."""
     model = load_model(tiny_model["path"])
+    model.generation_config.repetition_penalty = 1.5
+    model.generation_config.suppress_tokens = [i for i in range(model.config.vocab_size) if i != 7]
     batch = _prompts(kk_data, tiny_tokenizer, k=4)
     params = SamplingParams(n=3, do_sample=False, max_new_tokens=20)
     ours = HFRollout(model, tiny_tokenizer, decode_loop="lucidrl").generate(batch, params)
@@ -86,6 +91,36 @@ def test_decode_loop_stops_rows_at_eos_and_compacts(kk_data, tiny_model, tiny_to
         pad_id=0,
     )
     assert resp.shape == (8, 1) and torch.all(lp < 0)
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_decoding_stops_when_the_last_row_has_ended_not_when_all_end_at_once(
+    kk_data, tiny_model, tiny_tokenizer, n
+):
+    """Before, a row counted as finished only at the step it emitted its eos: unless every row ended at
+    the same step (or a quarter of them did), decoding ran on to max_new_tokens."""
+    from lucidrl.workers.decode import sample_group
+
+    model = load_model(tiny_model["path"])
+    eos = tiny_tokenizer.eos_token_id
+    bias = torch.zeros(model.config.vocab_size)
+    bias[eos] = 4.5  # eos then comes about once in 8 tokens: rows end at scattered steps
+    model.get_output_embeddings().register_forward_hook(lambda m, i, out: out + bias)
+    calls = []
+    model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    batch = _prompts(kk_data, tiny_tokenizer, k=4 if n > 1 else 16)
+    torch.manual_seed(0)
+    resp, _ = sample_group(
+        model, batch["prompts"], batch["prompt_mask"], n=n, max_new_tokens=300, eos_ids=[eos], pad_id=0,
+        do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+    )  # fmt: skip
+    is_eos = resp == eos
+    assert is_eos.any(-1).all()  # every row ended
+    first = is_eos.float().argmax(-1)
+    assert len(set(first.tolist())) >= 4  # at scattered steps
+    # one prefill, then a forward per further token, up to the last row's eos, and no further
+    assert resp.shape[1] == int(first.max()) + 1 < 300
+    assert len(calls) == resp.shape[1]
 
 
 def test_filter_logits_top_k_and_top_p():

@@ -490,6 +490,12 @@ def _validate_rl(cfg: LucidConfig) -> None:
         )
     if not 0.0 < r.temperature:
         raise ConfigError(f"rollout.temperature must be > 0 for sampling, got {r.temperature}")
+    if r.val_kwargs.do_sample and not 0.0 < r.val_kwargs.temperature:
+        raise ConfigError(
+            f"rollout.val_kwargs.temperature must be > 0 when rollout.val_kwargs.do_sample=true (dividing by "
+            f"{r.val_kwargs.temperature} gives NaN probabilities), got {r.val_kwargs.temperature}; for greedy "
+            "validation set rollout.val_kwargs.do_sample=false"
+        )
     for key, v in (("rollout.top_p", r.top_p), ("rollout.val_kwargs.top_p", r.val_kwargs.top_p)):
         if not 0.0 < v <= 1.0:
             raise ConfigError(f"config key '{key}' must be in (0, 1], got {v}")

@@ -352,6 +352,7 @@ def _decode(
     attn = prompt_mask
     next_pos = positions[:, -1] + 1
     eos = torch.tensor(eos_ids, device=device)
+    finished: torch.Tensor | None = None  # per decoding row: has it emitted an eos yet
     length = 0
     for t in range(max_new_tokens):
         length = t + 1
@@ -363,15 +364,17 @@ def _decode(
             tokens = scaled.argmax(-1)
         responses[active, t] = tokens
         logps[active, t] = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
-        done = torch.isin(tokens, eos)
-        if bool(done.all()) or t == max_new_tokens - 1:
+        # a row has ended once it has emitted an eos at any step, not only at this one
+        finished = torch.isin(tokens, eos) if finished is None else finished | torch.isin(tokens, eos)
+        if bool(finished.all()) or t == max_new_tokens - 1:
             break
         # rows that ended stay in the batch until enough have ended to compact it; their further
         # tokens are overwritten with the pad id at the end
-        if int(done.sum()) >= COMPACT_FRACTION * len(active):
-            idx = (~done).nonzero().squeeze(-1)
+        if int(finished.sum()) >= COMPACT_FRACTION * len(active):
+            idx = (~finished).nonzero().squeeze(-1)
             cache.batch_select_indices(idx)
             active, tokens, attn, next_pos = active[idx], tokens[idx], attn[idx], next_pos[idx]
+            finished = finished[idx]
         if prefix is not None:
             prefix.slots = active
             with attention_implementation(model, SHARED_PREFIX_ATTENTION):

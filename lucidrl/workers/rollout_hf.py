@@ -180,7 +180,17 @@ class HFRollout:
         if params.n > 1:
             prompts = prompts.repeat_interleave(params.n, dim=0)
             prompt_mask = prompt_mask.repeat_interleave(params.n, dim=0)
-        out = self.model.generate(input_ids=prompts, attention_mask=prompt_mask, generation_config=gen_cfg)
+        # transformers fills every field gen_cfg leaves unset from model.generation_config: a checkpoint's
+        # repetition_penalty (Qwen2.5-Instruct: 1.05), min_p, no_repeat_ngram_size or min_length would
+        # then reshape the distribution the rollout log-probs and the actor's forward do not see. For
+        # this call the model's defaults are transformers' global ones.
+        saved, self.model.generation_config = self.model.generation_config, GenerationConfig()
+        try:
+            out = self.model.generate(
+                input_ids=prompts, attention_mask=prompt_mask, generation_config=gen_cfg
+            )
+        finally:
+            self.model.generation_config = saved
         resp = out.sequences[:, prompts.shape[1] :]
         if not params.do_sample:
             return resp, torch.zeros(resp.shape, dtype=torch.float32)
