@@ -60,6 +60,18 @@ def test_missing_file_and_bad_messages(tmp_path, tiny_tokenizer):
         load_prompts([str(path)], tiny_tokenizer, max_prompt_length=100)
 
 
+def test_message_fields_reach_the_template_and_a_none_content_is_refused():
+    from lucidrl.data.dataset import _check_messages
+
+    # parquet fills a key only some messages have with None: dropped; the rest passes as the data says
+    messages = [{"role": "user", "content": "a", "name": "bob", "tool_calls": None}]
+    assert _check_messages(messages, "f row 0", "prompt") == [{"role": "user", "content": "a", "name": "bob"}]
+    with pytest.raises(
+        DatasetError, match="f row 3: message .* needs a 'role' and a 'content' that is not None"
+    ):
+        _check_messages([{"role": "user", "content": None}], "f row 3", "prompt")
+
+
 def test_collate_left_pads_and_loader_is_seeded(kk_data, tiny_tokenizer):
     samples, _ = load_prompts([kk_data["train"]], tiny_tokenizer, max_prompt_length=1024)
     batch = collate(samples[:3], tiny_tokenizer.pad_token_id)

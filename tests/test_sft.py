@@ -181,3 +181,31 @@ def test_rows_must_divide_the_batch_unless_the_cut_is_by_tokens(tmp_path, kk_dat
     assert _cfg(
         tmp_path, kk_data, tiny_model, "r", "micro_batch_size=3", "data.use_dynamic_bsz=true"
     ).data.use_dynamic_bsz
+
+
+def test_rows_left_out_of_each_epoch_are_announced(tmp_path, kk_data, tiny_model, capsys):
+    # 32 rows in batches of 5: 2 rows do not fill a batch
+    _sft(tmp_path, kk_data, tiny_model, "run", "data.batch_size=5", "micro_batch_size=5",
+         "data.shuffle=false", "trainer.total_training_steps=1")  # fmt: skip
+    out = capsys.readouterr().out
+    assert "2 of the 32 training rows do not fill a batch of data.batch_size=5" in out
+    assert "the same rows every epoch: data.shuffle=false" in out
+
+
+def test_a_response_that_ends_with_the_eos_gets_no_second_one(tmp_path, tiny_tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lucidrl.data.dataset import DatasetError
+    from lucidrl.data.sft_dataset import load_sft_rows
+
+    eos = tiny_tokenizer.eos_token
+    path = tmp_path / "sft.parquet"
+    pq.write_table(pa.table({"prompt": ["q", "q"], "response": ["A knight", f"A knight{eos}"]}), path)
+    kw = dict(max_length=100, prompt_key="prompt", response_key="response", what="data.train_files")
+    plain, ends = load_sft_rows([str(path)], tiny_tokenizer, **kw)
+    assert plain.input_ids == ends.input_ids and plain.input_ids[-1] == tiny_tokenizer.eos_token_id
+    assert plain.input_ids[-2] != tiny_tokenizer.eos_token_id
+    (tmp_path / "not.parquet").write_text("a,b\n1,2\n")
+    with pytest.raises(DatasetError, match="'.*not.parquet' is not a readable parquet file"):
+        load_sft_rows([str(tmp_path / "not.parquet")], tiny_tokenizer, **kw)

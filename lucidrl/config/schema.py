@@ -110,7 +110,9 @@ class OptimConfig:
     # actor and critic (the schedule advances once per update, however many mini-batches), in optimizer
     # steps for lucidrl sft
     warmup_steps: int = 0
-    grad_clip: float = 1.0  # max global grad norm; a non-finite norm skips the step and is counted
+    # max global grad norm; a non-finite norm skips the actor's or critic's step and is counted
+    # (actor/nonfinite_skipped, critic/nonfinite_skipped); lucidrl sft stops with an error instead
+    grad_clip: float = 1.0
 
 
 @dataclass

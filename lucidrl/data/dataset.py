@@ -67,11 +67,14 @@ def _check_messages(value: Any, where: str, prompt_key: str) -> list[dict[str, s
             f"([{{'role': 'user', 'content': ...}}, ...]) or a string, got {str(value)[:80]!r}"
         )
     for m in value:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+        if not isinstance(m, dict) or "role" not in m or m.get("content") is None:
             raise DatasetError(
-                f"{where}: message {str(m)[:80]!r} in column '{prompt_key}' needs 'role' and 'content'"
+                f"{where}: message {str(m)[:80]!r} in column '{prompt_key}' needs a 'role' and a 'content' "
+                "that is not None"
             )
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+    # every field the data gives goes to the chat template (name, tool_calls, reasoning_content, ...), as
+    # verl and TRL pass the messages; None fields are what parquet fills in for a key only other rows have
+    return [{k: v for k, v in m.items() if v is not None} for m in value]
 
 
 def load_prompts(

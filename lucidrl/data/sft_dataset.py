@@ -36,7 +36,10 @@ def load_sft_rows(
     for file in files:
         if not Path(file).is_file():
             raise DatasetError(f"{what}: file '{file}' does not exist")
-        table = pq.read_table(file)
+        try:
+            table = pq.read_table(file)
+        except Exception as e:  # pyarrow raises several types for a non-parquet file
+            raise DatasetError(f"{what}: '{file}' is not a readable parquet file: {e}") from e
         for col in (prompt_key, response_key):
             if col not in table.column_names:
                 raise DatasetError(
@@ -53,7 +56,9 @@ def load_sft_rows(
                 )
             text, _ = _render(tokenizer, _check_messages(prompt, where, prompt_key))
             p_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            r_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            r_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+            if not r_ids or r_ids[-1] != tokenizer.eos_token_id:  # one eos, also where the text has it (TRL)
+                r_ids = r_ids + [tokenizer.eos_token_id]
             if len(p_ids) + len(r_ids) > max_length:
                 raise DatasetError(
                     f"{where}: prompt + response is {len(p_ids) + len(r_ids)} tokens, longer than "

@@ -89,6 +89,13 @@ class SFTTrainer:
             resumed_step=self.global_step if in_place else None,
             console_keys=SFT_CONSOLE_KEYS,
         )
+        left_out = len(self.train_rows) % cfg.data.batch_size
+        if left_out:  # as PromptLoader announces its remainder: nothing is left out silently
+            self.tracker.console.print(
+                f"[dim]lucidrl:[/dim] {left_out} of the {len(self.train_rows)} training rows do not fill a batch of "
+                f"data.batch_size={cfg.data.batch_size} and are left out of each epoch"
+                + (" (the same rows every epoch: data.shuffle=false)" if not cfg.data.shuffle else "")
+            )
         if resume is not None:
             self.tracker.console.print(
                 f"[dim]lucidrl:[/dim] resumed from {resume} after step {self.global_step}: weights, optimizer, "
