@@ -88,3 +88,16 @@ def test_collate_left_pads_and_loader_is_seeded(kk_data, tiny_tokenizer):
     assert loader.steps_per_epoch == 2 and loader.dropped_per_epoch == 2
     with pytest.raises(DatasetError, match="larger than the 10 training prompts"):
         PromptLoader(samples[:10], 16, 0, shuffle=False, seed=0)
+
+
+def test_a_logic_rl_raw_prompt_that_prefills_think_in_the_user_message_is_refused():
+    from lucidrl.data.dataset import _check_messages
+
+    raw = "<|im_start|>user\nA very special island...<|im_end|>\n<|im_start|>assistant\n<think>"
+    with pytest.raises(DatasetError, match=r"f row 2: .*user message ending in '<think>'.*assistant message"):
+        _check_messages([{"role": "user", "content": raw}], "f row 2", "prompt")
+    with pytest.raises(DatasetError, match="user message ending in '<think>'"):
+        _check_messages("User: quiz\nAssistant: <think>\n", "f row 0", "prompt")
+    ok = [{"role": "user", "content": "quiz"}, {"role": "assistant", "content": "<think>"}]
+    assert _check_messages(ok, "f row 0", "prompt") == ok
+    assert _check_messages("quiz", "f row 0", "prompt") == [{"role": "user", "content": "quiz"}]

@@ -60,7 +60,7 @@ def _render(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, str]:
 
 def _check_messages(value: Any, where: str, prompt_key: str) -> list[dict[str, str]]:
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
+        value = [{"role": "user", "content": value}]
     if not isinstance(value, (list, tuple)) or not value:
         raise DatasetError(
             f"{where}: column '{prompt_key}' must hold chat messages "
@@ -72,6 +72,22 @@ def _check_messages(value: Any, where: str, prompt_key: str) -> list[dict[str, s
                 f"{where}: message {str(m)[:80]!r} in column '{prompt_key}' needs a 'role' and a 'content' "
                 "that is not None"
             )
+    last = value[-1]
+    if (
+        last["role"] == "user"
+        and isinstance(last["content"], str)
+        and last["content"].rstrip().endswith("<think>")
+    ):
+        # TinyZero's and Logic-RL's files write the whole template, "...Assistant: <think>", as one user
+        # message and feed it raw; rendered as chat, the model would answer after the template's own
+        # assistant header, and the reward (which reads the response and any assistant pre-fill) would
+        # never see that <think>: every K&K answer would score -3
+        raise DatasetError(
+            f"{where}: the last message in column '{prompt_key}' is a user message ending in '<think>' (TinyZero's "
+            "and Logic-RL's raw-prompt files pre-fill it so); lucidrl renders messages with the chat template, so "
+            "write the pre-fill as an assistant message that the model continues: the user message without the "
+            "trailing 'Assistant: <think>', then {'role': 'assistant', 'content': '<think>'} (what `lucidrl data kk` writes)"
+        )
     # every field the data gives goes to the chat template (name, tool_calls, reasoning_content, ...), as
     # verl and TRL pass the messages; None fields are what parquet fills in for a key only other rows have
     return [{k: v for k, v in m.items() if v is not None} for m in value]
