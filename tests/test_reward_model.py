@@ -276,3 +276,29 @@ def test_doctor_checks_the_reward_model_from_its_headers(
     assert lm.status == "fail" and "no score.weight" in lm.detail and "num_labels=1" in lm.fix
     other = _save_reward_model(tiny_model, tmp_path / "other", template=OTHER_TEMPLATE)
     assert "rendered again with its chat template" in check(other).detail
+
+
+def test_non_finite_scores_are_refused_and_a_trained_head_seeds_the_critic(
+    tmp_path, reward_model_dir, kk_data, tiny_model, tiny_tokenizer
+):
+    from lucidrl.rewards.custom import RewardOutputError
+    from lucidrl.workers.critic import load_value_model
+
+    model = load_reward_model(str(reward_model_dir))
+    with torch.no_grad():
+        model.score.weight[0, 0] = float("nan")  # as a bfloat16 overflow would leave it
+    worker = RewardModelWorker(model, tiny_tokenizer, tiny_tokenizer, micro_batch_size=2, max_length=None)
+    batch = _rollout_batch(kk_data, tiny_tokenizer, [[5, 6], [7, 8, 9]])
+    with pytest.raises(RewardOutputError, match=r"scored 2 of 2 samples nan \(non-finite; first: sample 0\)"):
+        worker.compute_rm_score(batch)
+    # a critic started from a reward model keeps its trained head (OpenRLHF's rule); from a causal LM, zeros
+    trained = AutoModelForSequenceClassification.from_pretrained(reward_model_dir).score.weight
+    assert torch.equal(load_value_model(str(reward_model_dir)).score.weight, trained)
+    assert load_value_model(str(tiny_model["path"])).score.weight.abs().sum() == 0
+    # a head of another size without architectures to say so: a ModelLoadError, not transformers' RuntimeError
+    two = _save_reward_model(tiny_model, tmp_path / "two", num_labels=2)
+    config = json.loads((two / "config.json").read_text())
+    config.pop("architectures")
+    (two / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="cannot be loaded as a sequence classifier: RuntimeError"):
+        load_reward_model(str(two))

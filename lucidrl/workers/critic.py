@@ -25,8 +25,10 @@ from lucidrl.workers.optim import build_optimizer, clip_grad
 def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A causal-LM folder loaded as a token classifier with one output: backbone kept, value head new (zeros).
 
-    Dropout on the head is off (transformers defaults it to 0.1), so values computed for the batch and
-    predicted during the update come from the same function.
+    A folder that has a trained one-output head (`score.weight`: a reward model, or a critic exported
+    before) keeps it, as OpenRLHF initialises the head only for a fresh critic. Dropout on the head is
+    off (transformers defaults it to 0.1), so values computed for the batch and predicted during the
+    update come from the same function.
     """
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report lists the new head as "MISSING": expected here
@@ -35,10 +37,10 @@ def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.
             warnings.simplefilter("ignore")  # "newly initialized: score.weight" is the point here
             config = AutoConfig.from_pretrained(path, local_files_only=True)
             config.num_labels, config.classifier_dropout = 1, 0.0
-            model = AutoModelForTokenClassification.from_pretrained(
-                path, config=config, dtype=dtype, local_files_only=True
+            model, info = AutoModelForTokenClassification.from_pretrained(
+                path, config=config, dtype=dtype, local_files_only=True, output_loading_info=True
             )
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: a head of another size
         raise ModelLoadError(
             f"critic.model_path={path!r} cannot be loaded as a value model (AutoModelForTokenClassification, "
             f"num_labels=1): {type(e).__name__}: {e}"
@@ -46,9 +48,13 @@ def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.
     finally:
         hf_logging.set_verbosity(verbosity)
     head = model.score if hasattr(model, "score") else model.get_output_embeddings()
+    missing = set(info.get("missing_keys", []))
+    trained = hasattr(model, "score") and "score.weight" not in missing
     if head is not None:
-        torch.nn.init.zeros_(head.weight)  # start predicting 0: a value estimate with no opinion yet
-        if getattr(head, "bias", None) is not None:
+        if not trained:
+            torch.nn.init.zeros_(head.weight)  # start predicting 0: a value estimate with no opinion yet
+        # a token classifier's head has a bias a reward model's (sequence classifier) has not: 0 then
+        if getattr(head, "bias", None) is not None and (not trained or "score.bias" in missing):
             torch.nn.init.zeros_(head.bias)
     return model
 

@@ -52,7 +52,7 @@ def load_reward_model(path: str, dtype: str = "float32", trust_remote_code: bool
                 trust_remote_code=trust_remote_code,
                 output_loading_info=True,
             )
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: a head of another size (num_labels)
         raise ModelLoadError(
             f"{key}={path!r} cannot be loaded as a sequence classifier: {type(e).__name__}: {e}"
         ) from e
@@ -163,6 +163,15 @@ class RewardModelWorker:
         if limit is not None:  # keep the end, where the score is read
             sequences = [s[-limit:] for s in sequences]
         values = self.score_sequences(sequences)
+        bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
+        if bad:  # rule rewards are refused the same way (rewards/custom.py); never trained on
+            from lucidrl.rewards.custom import RewardOutputError
+
+            raise RewardOutputError(
+                f"the reward model ({getattr(self.model.config, '_name_or_path', 'reward_model.model.path')}) scored "
+                f"{len(bad)} of {len(values)} samples {values[bad[0]].item()} (non-finite; first: sample {bad[0]}); "
+                "check its weights and reward_model.model.dtype (bfloat16 overflow), or score in float32"
+            )
         rm = torch.zeros(mask.shape, dtype=torch.float32)
         last = (mask.sum(-1) - 1).clamp(min=0)
         rm[torch.arange(len(values)), last] = values
