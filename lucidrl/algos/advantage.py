@@ -32,6 +32,15 @@ def _group_codes(index: Any, batch_size: int, device: torch.device) -> tuple[tor
     return torch.tensor(codes, dtype=torch.long, device=device), len(code_of)
 
 
+def _group_tied(scores: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """(n_groups,) bool: every sample of the group has the same score. Compared as max == min, not by
+    std == 0: the std of equal floats can come out as a tiny non-zero number."""
+    fill = torch.full((n_groups,), float("nan"), dtype=scores.dtype, device=scores.device)
+    high = fill.scatter_reduce(0, group, scores, reduce="amax", include_self=False)
+    low = fill.scatter_reduce(0, group, scores, reduce="amin", include_self=False)
+    return high == low
+
+
 @register_advantage_estimator("grpo")
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -92,9 +101,7 @@ def compute_grpo_outcome_advantage(
         # A tied group's mean is off by rounding (16 x 0.7 in float32: |score - mean| ~ 6e-8), and the
         # std it gives is as small, so the quotient would be up to ~0.1 with one sign for the whole
         # group. Compare the scores themselves instead: a group whose max equals its min gets exactly 0.
-        high = torch.full_like(mean, -torch.inf).scatter_reduce_(0, group, scores, "amax")
-        low = torch.full_like(mean, torch.inf).scatter_reduce_(0, group, scores, "amin")
-        tied = (high == low) & ~single
+        tied = _group_tied(scores, group, n_groups) & ~single
         adv = torch.where(tied[group], torch.zeros_like(adv), adv)
         # where, not multiply: masked positions become exactly +0.0 (a product would give -0.0 or NaN).
         advantages = torch.where(response_mask.bool(), adv.unsqueeze(-1), 0.0)

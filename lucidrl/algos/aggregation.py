@@ -118,6 +118,18 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     return _safe_div((seq_losses * nonempty).sum(), nonempty.sum())
 
 
+def norm_width(loss_agg_mode: str, response_length: int | None) -> int | None:
+    """The width the loss inputs are padded to: data.max_response_length under
+    seq-mean-token-sum-norm (its constant divisor), None (no padding) under every other mode."""
+    if loss_agg_mode != "seq-mean-token-sum-norm":
+        return None
+    if response_length is None:
+        raise ValueError(
+            "loss_agg_mode=seq-mean-token-sum-norm needs response_length (data.max_response_length)"
+        )
+    return response_length
+
+
 def pad_response_width(width: int, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
     """Each (bs, R) tensor zero-padded on the right to (bs, width); None stays None.
 

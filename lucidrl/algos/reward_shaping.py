@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lucidrl.algos.advantage import _group_codes
+from lucidrl.algos.advantage import _group_codes, _group_tied
 
 
 def overlong_reward_penalty(
@@ -90,12 +90,8 @@ def dynamic_sampling_keep_mask(
         )
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     group, n_groups = _group_codes(index, scores.shape[0], scores.device)
-    # max != min, not std > 0: the std of equal floats can come out as a tiny non-zero number.
-    fill = torch.full((n_groups,), float("nan"), dtype=scores.dtype, device=scores.device)
-    group_max = fill.scatter_reduce(0, group, scores, reduce="amax", include_self=False)
-    group_min = fill.scatter_reduce(0, group, scores, reduce="amin", include_self=False)
     counts = torch.bincount(group, minlength=n_groups)
-    kept_groups = (group_max != group_min) | (counts == 1)
+    kept_groups = ~_group_tied(scores, group, n_groups) | (counts == 1)
     n_kept = int(kept_groups.sum().item())
     metrics = {
         "dapo/groups_total": n_groups,

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 import torch
 
 from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
-from lucidrl.algos.aggregation import pad_response_width
+from lucidrl.algos.aggregation import norm_width, pad_response_width
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import check_chunkable_head, response_log_probs
 from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows
-from lucidrl.workers.optim import build_optimizer, clip_grad
+from lucidrl.workers.optim import build_optimizer, step_if_finite
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -101,14 +100,6 @@ class ReferenceWorker:
         return Batch(tensors={"ref_log_probs": lp * batch["response_mask"]})
 
 
-def _local_share(ub: Batch, mb: Batch, loss_agg_mode: str) -> float:
-    """The micro-batch's share of this rank's mini-batch under `loss_agg_mode`: summing its aggregates
-    by these shares gives the aggregate of the whole (local) mini-batch."""
-    if loss_agg_mode == "token-mean":
-        return float(ub["response_mask"].sum()) / max(float(mb["response_mask"].sum()), 1.0)
-    return len(ub) / len(mb)
-
-
 class ActorWorker:
     """Holds the policy and its optimizer; computes log-probs and runs PPO-style updates."""
 
@@ -125,13 +116,7 @@ class ActorWorker:
     ):
         self.model = model
         self.cfg = cfg
-        # seq-mean-token-sum-norm's constant divisor (data.max_response_length): the loss inputs are
-        # padded to it, whatever the batch's or micro-batch's own width
-        self.norm_width = response_length if cfg.loss_agg_mode == "seq-mean-token-sum-norm" else None
-        if self.norm_width is None and cfg.loss_agg_mode == "seq-mean-token-sum-norm":
-            raise ValueError(
-                "loss_agg_mode=seq-mean-token-sum-norm needs response_length (data.max_response_length)"
-            )
+        self.norm_width = norm_width(cfg.loss_agg_mode, response_length)  # the loss inputs' padded width
         self.temperature = temperature
         self.compute_dtype = compute_dtype  # autocast dtype of every forward; weights and grads keep theirs
         # a mini-batch is ppo_mini_batch_size prompts in all; each data-parallel rank holds its share
@@ -253,21 +238,18 @@ class ActorWorker:
             for mb in batch.split(mini):
                 self.optimizer.zero_grad(set_to_none=True)
                 ubs = self._micro_batches(mb)
-                mb_entropy = 0.0
-                for ub, weight in zip(ubs, self._loss_weights(mb, ubs), strict=True):
-                    mb_entropy += _local_share(ub, mb, cfg.loss_agg_mode) * float(
-                        self._micro_step(ub, weight, metrics)
-                    )
-                if entropy is None:
-                    entropy = mb_entropy
-                grad_norm = clip_grad(self.model, cfg.optim.grad_clip)
+                entropies = [
+                    self._micro_step(ub, weight, metrics)
+                    for ub, weight in zip(ubs, self._loss_weights(mb, ubs), strict=True)
+                ]
+                if entropy is None:  # this rank's shares (one rank's weights) sum them to the mini-batch's
+                    shares = loss_weights(mb, ubs, cfg.loss_agg_mode)
+                    entropy = sum(s * float(e) for s, e in zip(shares, entropies, strict=True))
+                grad_norm = step_if_finite(self.model, self.optimizer, cfg.optim.grad_clip)
                 steps += 1
-                if not math.isfinite(grad_norm):
-                    # never train on a NaN/inf gradient: drop this step, count it, say so in metrics
-                    self.optimizer.zero_grad(set_to_none=True)
-                    skipped += 1
+                if grad_norm is None:
+                    skipped += 1  # counted, and said so in metrics
                 else:
-                    self.optimizer.step()
                     metrics["actor/grad_norm"].append(grad_norm)
         self.scheduler.step()
         self.nonfinite_skipped += skipped

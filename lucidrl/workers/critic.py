@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections import defaultdict
 
@@ -11,7 +10,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 from transformers.utils import logging as hf_logging
 
 from lucidrl.algos import compute_value_loss
-from lucidrl.algos.aggregation import pad_response_width
+from lucidrl.algos.aggregation import norm_width, pad_response_width
 from lucidrl.batch import Batch
 from lucidrl.config.schema import CriticConfig
 from lucidrl.models.loading import ModelLoadError
@@ -19,7 +18,7 @@ from lucidrl.models.precision import compute_context
 from lucidrl.workers.actor import NonFiniteLossError
 from lucidrl.workers.forward import sequence_inputs
 from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows
-from lucidrl.workers.optim import build_optimizer, clip_grad
+from lucidrl.workers.optim import build_optimizer, step_if_finite
 
 
 def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -83,12 +82,7 @@ class CriticWorker:
     ):
         self.model = model
         self.cfg = cfg
-        # seq-mean-token-sum-norm's constant divisor: the loss inputs are padded to it (as the actor's)
-        self.norm_width = response_length if cfg.loss_agg_mode == "seq-mean-token-sum-norm" else None
-        if self.norm_width is None and cfg.loss_agg_mode == "seq-mean-token-sum-norm":
-            raise ValueError(
-                "loss_agg_mode=seq-mean-token-sum-norm needs response_length (data.max_response_length)"
-            )
+        self.norm_width = norm_width(cfg.loss_agg_mode, response_length)  # the loss inputs' padded width
         self.world_size = world_size
         self.compute_dtype = compute_dtype  # autocast dtype of the value forwards (model.compute_dtype)
         self.mini_batch = mini_batch_prompts * samples_per_prompt // world_size
@@ -146,14 +140,12 @@ class CriticWorker:
                     metrics["critic/vpred_mean"].append(
                         vpreds.detach()[mask].mean().item() if mask.any() else 0.0
                     )
-                grad_norm = clip_grad(self.model, cfg.optim.grad_clip)
+                grad_norm = step_if_finite(self.model, self.optimizer, cfg.optim.grad_clip)
                 steps += 1
-                if not math.isfinite(grad_norm):
-                    self.optimizer.zero_grad(set_to_none=True)  # never train on a NaN/inf gradient
+                if grad_norm is None:
                     skipped += 1
-                    continue
-                self.optimizer.step()
-                metrics["critic/grad_norm"].append(grad_norm)
+                else:
+                    metrics["critic/grad_norm"].append(grad_norm)
         self.scheduler.step()
         self.nonfinite_skipped += skipped
         if skipped == steps:

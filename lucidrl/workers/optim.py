@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lucidrl.config.schema import OptimConfig
@@ -26,3 +28,14 @@ def clip_grad(model: torch.nn.Module, max_norm: float) -> float:
     if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
         norm = norm.full_tensor()
     return float(norm)
+
+
+def step_if_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> float | None:
+    """Clip and take the optimizer step; returns the gradient norm, or None when it is NaN/inf: then the
+    gradients are dropped and no step is taken (never train on a non-finite gradient; the caller counts it)."""
+    norm = clip_grad(model, max_norm)
+    if not math.isfinite(norm):
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    optimizer.step()
+    return norm
