@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
+from lucidrl.diagnostics.errors import UserError
 
-class BatchError(ValueError):
+
+class BatchError(UserError, ValueError):
     """A Batch was built or combined with inconsistent sizes or keys."""
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -393,10 +394,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _quiet_transformers() -> None:
-    """Per-file progress bars of tiny local loads/saves drown the training log in the CLI."""
-    from transformers.utils import logging as hf_logging
+    """Per-file progress bars of tiny local loads/saves drown the training log in the CLI.
 
-    hf_logging.disable_progress_bar()
+    Through huggingface_hub's variable, read when transformers is imported (commands that need no
+    model never import it); it also reaches the Ray workers (controller/worker_group.py). A value you
+    set yourself wins.
+    """
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    else:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def entry() -> int:
@@ -410,14 +419,14 @@ def entry() -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors print one clear message (LUCIDRL_DEBUG=1 adds the traceback)."""
     from lucidrl.diagnostics.debug import debug_enabled
-    from lucidrl.diagnostics.errors import USER_ERRORS
+    from lucidrl.diagnostics.errors import UserError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     _quiet_transformers()
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except USER_ERRORS as e:
+    except UserError as e:
         if debug_enabled():
             raise
         print(f"error ({type(e).__name__}): {e}", file=sys.stderr)

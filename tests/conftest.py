@@ -35,3 +35,16 @@ def tiny_tokenizer(tiny_model):
     from lucidrl.models import load_tokenizer
 
     return load_tokenizer(str(tiny_model["path"]))
+
+
+@pytest.fixture(scope="session")
+def ray_head():
+    """The address of one 2-CPU Ray head that the Ray end-to-end runs join (trainer.ray_address), so
+    each `lucidrl train` subprocess does not start and stop a cluster of its own (~5 s each here).
+    A run's actors and placement groups go with its driver process, so runs do not see each other's."""
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    yield cluster.address
+    cluster.shutdown()

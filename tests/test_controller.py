@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -171,3 +173,31 @@ def test_local_cuda_index_picks_the_gpu_ray_assigned(monkeypatch):
     assert local_cuda_index() == 3
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])  # no GPU asked for
     assert local_cuda_index() == 0
+
+
+JOIN_PROBE = """
+import os, sys
+import ray
+from lucidrl.controller.worker_group import ensure_ray
+for env in ("", sys.argv[1]):
+    os.environ["RAY_ADDRESS"] = env
+    where = ensure_ray(None, num_cpus=2)
+    print(where, "|", ray.get_runtime_context().gcs_address)
+    ray.shutdown()
+"""
+
+
+def test_an_unset_ray_address_starts_ray_here_beside_a_running_cluster_and_RAY_ADDRESS_joins(ray_head):
+    """Bare ray.init() would join the cluster `ray start` left on this host and refuse num_cpus there
+    (`lucidrl doctor` failed so); `ray job submit` hands its cluster over in RAY_ADDRESS."""
+    from ray._private.utils import write_ray_address
+
+    write_ray_address(ray_head)  # what `ray start --head` leaves for ray.init() to find
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run(
+        [sys.executable, "-c", JOIN_PROBE, ray_head], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (here, here_gcs), (joined, joined_gcs) = (line.split(" | ") for line in proc.stdout.splitlines())
+    assert here == "a Ray instance started here" and here_gcs != ray_head
+    assert joined == f"the Ray cluster at {ray_head} (RAY_ADDRESS)" and joined_gcs == ray_head

@@ -63,13 +63,14 @@ def local_run(tmp_path_factory, kk_data, tiny_model):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
-def test_ray_two_ranks_match_local(strategy, local_run, tmp_path, kk_data, tiny_model):
+def test_ray_two_ranks_match_local(strategy, local_run, tmp_path, kk_data, tiny_model, ray_head):
     ray_run = _train(
         tmp_path,
         kk_data,
         tiny_model,
         strategy,
         "trainer.backend=ray",
+        f"trainer.ray_address={ray_head}",
         f"trainer.strategy={strategy}",
         "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
     )
@@ -81,11 +82,12 @@ def test_ray_two_ranks_match_local(strategy, local_run, tmp_path, kk_data, tiny_
 
 @pytest.mark.slow
 def test_fsdp2_on_ray_stopped_and_resumed_matches_the_uninterrupted_local_run(
-    local_run, tmp_path, kk_data, tiny_model
+    local_run, tmp_path, kk_data, tiny_model, ray_head
 ):
     """Each rank saves and loads its own shards (weights and AdamW state) through torch.distributed.checkpoint."""
     ray = (
         "trainer.backend=ray",
+        f"trainer.ray_address={ray_head}",
         "trainer.strategy=fsdp2",
         "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
     )
@@ -127,10 +129,11 @@ def test_fsdp2_on_ray_stopped_and_resumed_matches_the_uninterrupted_local_run(
 
 
 @pytest.mark.slow
-def test_a_resumed_ray_run_samples_what_the_uninterrupted_one_did(tmp_path, kk_data, tiny_model):
+def test_a_resumed_ray_run_samples_what_the_uninterrupted_one_did(tmp_path, kk_data, tiny_model, ray_head):
     """rollout.deterministic=false draws from each rank's process RNG: the checkpoint carries every rank's."""
     ray = (
         "trainer.backend=ray",
+        f"trainer.ray_address={ray_head}",
         "trainer.strategy=ddp",
         "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
         "rollout.deterministic=false",

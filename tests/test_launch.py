@@ -54,3 +54,57 @@ def test_cli_still_runs_through_the_reexec():
         [sys.executable, "-m", "lucidrl", "version"], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip()
+
+
+LIGHT_COMMANDS = """
+import sys
+from lucidrl.cli import main
+assert main(["version"]) == 0
+assert main(["data", "kk", "--people", "9", "--out", sys.argv[1]]) == 2  # a UsageError, printed as one line
+heavy = sorted(m for m in ("torch", "transformers", "ray") if m in sys.modules)
+print("imported:", heavy)
+"""
+
+
+def test_commands_that_need_no_model_import_no_torch(tmp_path):
+    """The CLI's error handling matches on a base class (diagnostics/errors.py) instead of importing every
+    module that defines an error type: `lucidrl --help` took 10 s here, importing torch and transformers."""
+    out = subprocess.run(
+        [sys.executable, "-c", LIGHT_COMMANDS, str(tmp_path / "kk")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "imported: []" in out.stdout
+    assert "error (UsageError)" in out.stderr
+
+
+def test_every_user_error_is_still_the_builtin_it_was():
+    from lucidrl.batch import BatchError
+    from lucidrl.config import ConfigError
+    from lucidrl.data.dataset import DatasetError
+    from lucidrl.diagnostics.errors import UsageError, UserError
+    from lucidrl.models.loading import ModelLoadError
+    from lucidrl.rewards import RewardOutputError, UnknownDataSourceError
+    from lucidrl.rewards.custom import CustomFunctionError
+    from lucidrl.rewards.manager import RewardFunctionError
+    from lucidrl.trainer.setup import RunDirError
+    from lucidrl.workers.actor import NonFiniteLossError
+    from lucidrl.workers.rollout_server import RolloutServerError
+    from lucidrl.workers.train_state import CheckpointError
+
+    builtin = {
+        UsageError: ValueError,
+        BatchError: ValueError,
+        ConfigError: ValueError,
+        DatasetError: ValueError,
+        ModelLoadError: ValueError,
+        RewardOutputError: ValueError,
+        UnknownDataSourceError: ValueError,
+        CustomFunctionError: ValueError,
+        RunDirError: ValueError,
+        CheckpointError: ValueError,
+        RewardFunctionError: RuntimeError,
+        RolloutServerError: RuntimeError,
+        NonFiniteLossError: FloatingPointError,
+    }
+    for cls, base in builtin.items():
+        assert issubclass(cls, UserError) and issubclass(cls, base), cls

@@ -116,7 +116,7 @@ def test_sft_refuses_lora_rather_than_training_every_weight():
 
 
 @pytest.mark.slow
-def test_lora_on_two_ray_ranks_matches_one_process(tmp_path, kk_data, tiny_model):
+def test_lora_on_two_ray_ranks_matches_one_process(tmp_path, kk_data, tiny_model, ray_head):
     """DDP averages the adapters' gradients; the rollout copy on each rank gets the adapters after each step."""
     reward = tmp_path / "reward.py"
     reward.write_text(TOY_REWARD)
@@ -148,6 +148,7 @@ def test_lora_on_two_ray_ranks_matches_one_process(tmp_path, kk_data, tiny_model
     ray = run(
         "ray",
         "trainer.backend=ray",
+        f"trainer.ray_address={ray_head}",
         "trainer.strategy=ddp",
         "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
     )

@@ -17,11 +17,12 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 import yaml
 
 from lucidrl.config.schema import LucidConfig, SFTConfig
+from lucidrl.diagnostics.errors import UserError
 
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value that cannot mean what the user intended."""
 
 

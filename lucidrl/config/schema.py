@@ -296,7 +296,9 @@ class TrainerConfig:
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     backend: Literal["local", "ray"] = "local"  # local: in this process; ray: each rank a Ray actor
     strategy: Literal["fsdp2", "ddp"] = "fsdp2"  # data-parallel training with more than one rank
-    ray_address: str | None = None  # join an existing Ray cluster ("HOST:PORT"); None: start one here
+    # join a Ray cluster: "HOST:PORT", or "auto" for the one `ray start` left on this host;
+    # None: the cluster in RAY_ADDRESS (`ray job submit` sets it), else a Ray instance started here
+    ray_address: str | None = None
     master_port: int | None = None  # torch.distributed rendezvous port; None: a free one, found on rank 0
     cpus_per_rank: int = 1  # CPUs Ray reserves for each rank (and its torch threads)
     max_time_s: float | None = None  # stop after this many seconds of training (checked between steps)

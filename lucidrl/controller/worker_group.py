@@ -81,18 +81,35 @@ class _RankHost:
             return "error", RemoteFailure.capture(e, role=self.role, rank=self.rank, method=method)
 
 
-def ensure_ray(address: str | None, num_cpus: int | None) -> None:
-    """Start (or join, with trainer.ray_address) Ray once per process."""
+def ray_target(address: str | None) -> tuple[str, str]:
+    """(the address ray.init gets, where it leads in words) for trainer.ray_address.
+
+    Unset: a Ray instance of this process's own (`address="local"`), also when `ray start` left a
+    cluster running on this host (bare `ray.init()` would join that one, and refuse the CPU count
+    we give a private one); RAY_ADDRESS, which `ray job submit` sets, joins the job's cluster.
+    """
+    if address:
+        return address, f"the Ray cluster at {address} (trainer.ray_address)"
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    if env:
+        return env, f"the Ray cluster at {env} (RAY_ADDRESS)"
+    return "local", "a Ray instance started here"
+
+
+def ensure_ray(address: str | None, num_cpus: int | None) -> str:
+    """Start (or join, with trainer.ray_address or RAY_ADDRESS) Ray once per process; says which.
+
+    `num_cpus` sizes an instance started here; a cluster joined has its own.
+    """
     import ray
 
     from lucidrl.launch import MALLOC_ENV, tuned_env
 
+    target, where = ray_target(address)
     if ray.is_initialized():
-        return
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-    if address:
-        kwargs["address"] = address
-    elif num_cpus:
+        return where
+    kwargs: dict[str, Any] = {"address": target, "include_dashboard": False, "log_to_driver": True}
+    if target == "local" and num_cpus:
         kwargs["num_cpus"] = num_cpus
     # the workers must import lucidrl the way this process does (a source checkout or an install)
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -100,8 +117,11 @@ def ensure_ray(address: str | None, num_cpus: int | None) -> None:
     # glibc reads its allocator settings at process start: hand them to the workers' start (launch.py)
     tuned = tuned_env()
     env_vars.update({k: tuned[k] for k in MALLOC_ENV if k in tuned})
+    if "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ:  # the CLI sets it: no per-file bars from the workers
+        env_vars["HF_HUB_DISABLE_PROGRESS_BARS"] = os.environ["HF_HUB_DISABLE_PROGRESS_BARS"]
     kwargs["runtime_env"] = {"env_vars": env_vars}
     ray.init(**kwargs)
+    return where
 
 
 class RayWorkerGroup(WorkerGroup):

@@ -18,13 +18,14 @@ import pyarrow.parquet as pq
 import torch
 
 from lucidrl.batch import Batch
+from lucidrl.diagnostics.errors import UserError
 
 log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("data_source", "reward_model")
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A data file or row that cannot be turned into a training prompt."""
 
 

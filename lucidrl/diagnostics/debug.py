@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from lucidrl.batch import Batch
+if TYPE_CHECKING:
+    from lucidrl.batch import Batch
 
 
 def debug_enabled() -> bool:

@@ -80,14 +80,14 @@ def _run(name: str, fn: Callable[[], Any]) -> tuple[Check, Any]:
     itself, reported, never a crash of the doctor.
     """
     from lucidrl.diagnostics.debug import debug_enabled
-    from lucidrl.diagnostics.errors import USER_ERRORS
+    from lucidrl.diagnostics.errors import UserError
 
     start = time.perf_counter()
     value = None
     try:
         out = fn()
         check, value = out if isinstance(out, tuple) else (out, None)
-    except USER_ERRORS as exc:
+    except UserError as exc:
         check = Check(name, "fail", str(exc))
     except Exception as exc:
         check = Check(
@@ -378,7 +378,7 @@ def check_ray(needs: Needs, start: bool) -> Check:
     started = not ray.is_initialized()
     group = None
     try:
-        ensure_ray(needs.ray_address, num_cpus=None if needs.ray_address else max(2, usable_cpus()))
+        where = ensure_ray(needs.ray_address, num_cpus=max(2, usable_cpus()))
         group = RayWorkerGroup(ProbeWorker, "doctor-probe", world_size=2)
         out = group.where(Batch(tensors={"x": torch.arange(4)}))
         if out["rank"] != [0, 0, 1, 1]:
@@ -397,7 +397,6 @@ def check_ray(needs: Needs, start: bool) -> Check:
                 return Check("ray", "fail", f"a worker's error arrived as {exc.type_name}", "report it")
         else:
             return Check("ray", "fail", "a worker's exception did not reach the driver", "report it")
-        where = needs.ray_address or "a local cluster"
         return Check(
             "ray", "ok", f"ray {version}: 2 probe actors on {where}, gloo all_reduce and remote errors work"
         )

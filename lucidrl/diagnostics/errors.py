@@ -1,40 +1,19 @@
-"""The exception types that mean "the user gave us something we cannot use": printed without a traceback."""
+"""The base of the exception types that mean "the user gave us something we cannot use".
+
+The command line prints such an error's message alone (LUCIDRL_DEBUG=1 adds the traceback), and
+`lucidrl doctor` reports it as the check's failure. Each type is defined beside the code that raises it
+(ConfigError in config/loader.py, DatasetError in data/dataset.py, ...) and derives from UserError as
+well as from the builtin it always was (ValueError, RuntimeError), so `except ValueError` still catches
+it. A base class rather than a list of types: importing this module imports nothing, so commands that
+need no torch (`lucidrl version`, `data`, `report`) do not wait seconds for it.
+"""
 
 from __future__ import annotations
 
 
-class UsageError(ValueError):
+class UserError(Exception):
+    """Bad input (config, data file, model folder, reward output, checkpoint): the message says what to do."""
+
+
+class UsageError(UserError, ValueError):
     """A command-line argument that cannot mean what was asked."""
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from lucidrl.batch import BatchError
-    from lucidrl.config import ConfigError
-    from lucidrl.data.dataset import DatasetError
-    from lucidrl.models.loading import ModelLoadError
-    from lucidrl.rewards import RewardOutputError, UnknownDataSourceError
-    from lucidrl.rewards.custom import CustomFunctionError
-    from lucidrl.rewards.manager import RewardFunctionError
-    from lucidrl.trainer.setup import RunDirError
-    from lucidrl.workers.actor import NonFiniteLossError
-    from lucidrl.workers.rollout_server import RolloutServerError
-    from lucidrl.workers.train_state import CheckpointError
-
-    return (
-        UsageError,
-        BatchError,
-        ConfigError,
-        DatasetError,
-        ModelLoadError,
-        RewardOutputError,
-        UnknownDataSourceError,
-        CustomFunctionError,
-        RewardFunctionError,
-        RunDirError,
-        NonFiniteLossError,
-        RolloutServerError,
-        CheckpointError,
-    )
-
-
-USER_ERRORS = _user_errors()

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from lucidrl.diagnostics.errors import UserError
+
 # Any one of these marks a folder as holding a tokenizer that AutoTokenizer can read.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 _BUILD_HINT = (
@@ -24,7 +26,7 @@ _BUILD_HINT = (
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UserError, ValueError):
     """A model or tokenizer folder could not be loaded; the message names the path, config key and fix."""
 
 

@@ -15,14 +15,16 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from lucidrl.diagnostics.errors import UserError
+
 _EXPECTED_OUTPUT = "a finite float, or a dict with a finite float under 'score' and numbers as extra metrics"
 
 
-class CustomFunctionError(ValueError):
+class CustomFunctionError(UserError, ValueError):
     """reward.custom_function.path / .name do not lead to a usable function (the message says why)."""
 
 
-class RewardOutputError(ValueError):
+class RewardOutputError(UserError, ValueError):
     """A reward function returned something that is not a usable score (the message says which sample)."""
 
 

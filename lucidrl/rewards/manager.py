@@ -9,13 +9,14 @@ from typing import Any
 import torch
 
 from lucidrl.batch import Batch
+from lucidrl.diagnostics.errors import UserError
 from lucidrl.rewards.custom import load_custom_function, normalize_reward_output
 from lucidrl.rewards.registry import default_compute_score
 
 ComputeScore = Callable[[str, str, Any, dict | None], Any]
 
 
-class RewardFunctionError(RuntimeError):
+class RewardFunctionError(UserError, RuntimeError):
     """A reward function raised: which function, data_source and sample, with the original error."""
 
 

@@ -13,12 +13,13 @@ import difflib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from lucidrl.diagnostics.errors import UserError
 from lucidrl.rewards import countdown, gsm8k, kk, math
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class UnknownDataSourceError(ValueError):
+class UnknownDataSourceError(UserError, ValueError):
     """No reward function is registered for a row's data_source (the message lists the known ones)."""
 
 

@@ -141,6 +141,8 @@ class PPOTrainer:
             f"KL in reward {'on (' + cfg.algorithm.kl_penalty + ')' if cfg.algorithm.use_kl_in_reward else 'off'}, "
             f"critic {'on' if self.workers.critic is not None else 'off'}",
         ]
+        if self.workers.ray_cluster:
+            lines.append(f"workers: Ray actors on {self.workers.ray_cluster}")
         if self.mixed_precision and cfg.trainer.device == "cpu" and cpu_has_native_bf16() is False:
             lines.append(
                 "model.compute_dtype=bfloat16 on a CPU without AVX-512 BF16 or AMX: its bfloat16 matmuls are "

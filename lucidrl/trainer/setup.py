@@ -18,6 +18,7 @@ from lucidrl.controller.placement import plan_groups
 from lucidrl.controller.worker_group import LocalWorkerGroup, RayWorkerGroup, WorkerGroup, ensure_ray
 from lucidrl.data.dataset import FilterReport, PromptSample, load_prompts
 from lucidrl.diagnostics.debug import debug_enabled
+from lucidrl.diagnostics.errors import UserError
 from lucidrl.models import load_tokenizer
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer.rewards import ModelRewardScorer
@@ -27,7 +28,7 @@ from lucidrl.workers.rollout_hf import SamplingParams
 log = logging.getLogger(__name__)
 
 
-class RunDirError(ValueError):
+class RunDirError(UserError, ValueError):
     """The run directory holds an earlier run that this one would overwrite."""
 
 
@@ -41,6 +42,7 @@ class Workers:
     critic: WorkerGroup | None
     reward: RuleRewardManager | ModelRewardScorer  # score(batch): the rule functions and/or the reward model
     groups: list[WorkerGroup]
+    ray_cluster: str | None = None  # with trainer.backend=ray: the cluster started or joined, in words
 
     def shutdown(self) -> None:
         for g in self.groups:
@@ -115,8 +117,7 @@ def build_workers(cfg: LucidConfig) -> Workers:
     tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
     groups: dict[str, WorkerGroup] = {}
     plans = plan_groups(cfg)
-    if cfg.trainer.backend == "ray":
-        ensure_ray(cfg.trainer.ray_address, num_cpus=None)
+    ray_cluster = ensure_ray(cfg.trainer.ray_address, num_cpus=None) if cfg.trainer.backend == "ray" else None
     for plan in plans:
         if cfg.trainer.backend == "local":
             group = LocalWorkerGroup(PolicyWorker, plan.name, cfg, plan.roles, device=plan.device)
@@ -154,6 +155,7 @@ def build_workers(cfg: LucidConfig) -> Workers:
         groups.get("critic"),
         reward,
         list({id(g): g for g in groups.values()}.values()),
+        ray_cluster,
     )
 
 

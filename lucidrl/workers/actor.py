@@ -10,13 +10,14 @@ from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.algos.aggregation import norm_width, pad_response_width
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig
+from lucidrl.diagnostics.errors import UserError
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import check_chunkable_head, response_log_probs
 from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows
 from lucidrl.workers.optim import build_optimizer, step_if_finite
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(UserError, FloatingPointError):
     """Every optimizer step of an update had a non-finite gradient norm: training cannot go on."""
 
 

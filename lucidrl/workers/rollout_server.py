@@ -28,12 +28,13 @@ from typing import Any
 import torch
 
 from lucidrl.batch import Batch
+from lucidrl.diagnostics.errors import UserError
 from lucidrl.workers.rollout_hf import SamplingParams, batch_from_token_lists
 
 WEIGHTS_PATH = "/lucidrl/weights"  # lucidrl serve: GET says whether it takes weights, POST pushes them
 
 
-class RolloutServerError(RuntimeError):
+class RolloutServerError(UserError, RuntimeError):
     """The generation server could not be reached or refused a request; the message names the URL."""
 
 

@@ -23,13 +23,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lucidrl.diagnostics.errors import UserError
 from lucidrl.models.lora import ADAPTER, is_lora, load_adapter_state
 
 WEIGHTS = "model"  # the HuggingFace folder inside a role's checkpoint folder
 INDEX = "model.safetensors.index.json"  # what DCP's HuggingFace writer names the weight map
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint cannot be found, read, or resumed with this config; the message says which and why."""
 
 
