@@ -182,3 +182,40 @@ class Batch:
         for k, v in self.non_tensors.items():
             parts.append(f"  {k}: list[{type(v[0]).__name__ if v else '?'}]")
         return "\n".join(parts)
+
+
+LEFT_PADDED = (
+    "prompts",
+    "prompt_mask",
+)  # prompts are left-padded; everything else per sample is right-padded
+TOKEN_FIELDS = ("prompts", "responses", "input_ids")  # padded with the pad token id, every other field with 0
+
+
+def align_widths(batches: list[Batch], pad_token_id: int | None) -> list[Batch]:
+    """Pad batches' 2-D fields to one width so they concatenate: prompts (and their mask) on the left,
+    responses and every per-token field on the right; token ids with `pad_token_id`, the rest with 0.
+
+    Rollouts of different calls end at different lengths (each trims to its longest response): DAPO's
+    rounds, and the data-parallel ranks of one generate call.
+    """
+    widths = {
+        k: max(b.tensors[k].shape[1] for b in batches) for k, v in batches[0].tensors.items() if v.dim() == 2
+    }
+    out = []
+    for b in batches:
+        tensors = {}
+        for k, v in b.tensors.items():
+            missing = widths.get(k, 0) - (v.shape[1] if v.dim() == 2 else 0)
+            if v.dim() != 2 or missing <= 0:
+                tensors[k] = v
+                continue
+            if k in TOKEN_FIELDS and pad_token_id is None:
+                raise BatchError(
+                    f"'{k}' is {v.shape[1]} wide in one batch and {widths[k]} in another, and no pad "
+                    "token id was given to pad it with (a rollout's output carries meta['pad_token_id'])"
+                )
+            value = pad_token_id if k in TOKEN_FIELDS else 0
+            pad = torch.full((v.shape[0], missing), value, dtype=v.dtype, device=v.device)
+            tensors[k] = torch.cat([pad, v] if k in LEFT_PADDED else [v, pad], dim=1)
+        out.append(Batch(tensors, dict(b.non_tensors), dict(b.meta)))
+    return out

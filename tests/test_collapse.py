@@ -144,3 +144,18 @@ def test_a_resumed_monitor_reports_where_an_uninterrupted_one_does():
     assert after[1] is not None and after[1].message() == straight[5].message()
     afresh = CollapseMonitor(cfg)  # what a resume without the windows saw: a new baseline, no sign yet
     assert [afresh.update(step, m) for step, m in enumerate(rows[4:], start=5)] == [None] * 3
+
+
+def test_max_kl_reads_the_reward_penalty_that_apply_kl_penalty_reports():
+    import torch
+
+    from lucidrl.algos.kl import apply_kl_penalty
+
+    mask = torch.ones(2, 3)
+    _, metrics = apply_kl_penalty(torch.zeros(2, 3), torch.zeros(2, 3), torch.full((2, 3), -1.0), mask, 0.1)
+    assert metrics["actor/reward_kl_penalty"] == pytest.approx(1.0)
+    cfg = CollapseConfig(patience=1, min_mixed_groups_ratio=None, max_kl=0.3)
+    report = CollapseMonitor(cfg).update(1, metrics)
+    assert (
+        report is not None and "KL to the reference 1.0000 > trainer.collapse.max_kl 0.3" in report.message()
+    )

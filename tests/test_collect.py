@@ -2,12 +2,12 @@
 
 import torch
 
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, align_widths
 from lucidrl.config import config_from_dict
 from lucidrl.data.dataset import PromptLoader, load_prompts
 from lucidrl.models import load_model
 from lucidrl.rewards.manager import RuleRewardManager
-from lucidrl.trainer.collect import BatchCollector, align_widths
+from lucidrl.trainer.collect import BatchCollector
 from lucidrl.workers.rollout_hf import HFRollout
 
 

@@ -201,3 +201,36 @@ def test_an_unset_ray_address_starts_ray_here_beside_a_running_cluster_and_RAY_A
     (here, here_gcs), (joined, joined_gcs) = (line.split(" | ") for line in proc.stdout.splitlines())
     assert here == "a Ray instance started here" and here_gcs != ray_head
     assert joined == f"the Ray cluster at {ray_head} (RAY_ADDRESS)" and joined_gcs == ray_head
+
+
+def test_ranks_rollouts_of_different_lengths_are_padded_to_one_width_when_merged():
+    """Each rank's rollout trims to its own longest response; before, joining them was torch.cat's
+    'Sizes of tensors must match' on any multi-rank run whose ranks' longest responses differed."""
+    from lucidrl.workers.rollout_hf import SamplingParams, batch_from_token_lists
+
+    pad_id, eos = 0, 2
+    prompts = Batch(
+        tensors={"prompts": torch.tensor([[0, 5], [6, 7]]), "prompt_mask": torch.tensor([[0, 1], [1, 1]])},
+        non_tensors={"uid": ["a", "b"]},
+    )
+    chunks, pad = split_for_ranks(prompts, 2, Dispatch.DP, "generate")
+    params = SamplingParams(n=2, max_new_tokens=6)
+    ids = [[[3, eos], [4]], [[3, 4, 5, 6, eos], [7, eos]]]  # rank 0's longest: 2 tokens, rank 1's: 5
+    outs = [
+        batch_from_token_lists(c, params, rows, [[-0.5] * len(r) for r in rows], pad_id=pad_id, eos_ids=[eos])
+        for c, rows in zip(chunks, ids, strict=True)
+    ]
+    assert [o["responses"].shape[1] for o in outs] == [2, 5]
+    merged = merge_from_ranks(outs, pad, Dispatch.DP)
+    assert merged["responses"].tolist() == [
+        [3, eos, 0, 0, 0],
+        [4, 0, 0, 0, 0],
+        [3, 4, 5, 6, eos],
+        [7, eos, 0, 0, 0],
+    ]
+    assert merged["response_mask"].sum(1).tolist() == [2, 1, 5, 2]
+    assert merged["rollout_log_probs"].sum(1).tolist() == [-1.0, -0.5, -2.5, -1.0]
+    assert merged["uid"] == ["a", "a", "b", "b"]
+    no_pad_id = [Batch(o.tensors, o.non_tensors, {}) for o in outs]
+    with pytest.raises(BatchError, match="'responses' is 2 wide in one batch and 5 in another"):
+        merge_from_ranks(no_pad_id, pad, Dispatch.DP)

@@ -18,7 +18,7 @@ import enum
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from lucidrl.batch import Batch, BatchError
+from lucidrl.batch import Batch, BatchError, align_widths
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,10 +72,14 @@ def split_for_ranks(batch: Batch, world_size: int, mode: Dispatch, method: str) 
 
 
 def merge_from_ranks(results: list[Any], pad: int, mode: Dispatch) -> Any:
-    """Concatenate Batch results (removing padding) or average metric dicts."""
+    """Concatenate Batch results (removing padding) or average metric dicts.
+
+    Each rank's rollout trims its responses to its own longest one: they are padded to one width here
+    (token ids with the rollout's meta['pad_token_id']) before they are joined.
+    """
     first = results[0]
     if isinstance(first, Batch):
-        return Batch.concat(results).unpad(pad)
+        return Batch.concat(align_widths(results, first.meta.get("pad_token_id"))).unpad(pad)
     if isinstance(first, dict):
         keys = set().union(*results)
         return {k: sum(r[k] for r in results if k in r) / sum(k in r for r in results) for k in keys}

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from lucidrl.algos import dynamic_sampling_keep_mask, overlong_reward_penalty
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, align_widths
 from lucidrl.config import LucidConfig
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer import setup
@@ -44,29 +44,6 @@ def remax_baselines(batch: Batch, rollout, reward: RuleRewardManager, cfg: Lucid
         batch, SamplingParams(n=1, do_sample=False, max_new_tokens=cfg.data.max_response_length)
     )
     return score(greedy, reward, cfg)["token_level_scores"].sum(-1)
-
-
-LEFT_PADDED = ("prompts", "prompt_mask")
-
-
-def align_widths(batches: list[Batch], pad_token_id: int) -> list[Batch]:
-    """Pad rollouts of different rounds to one prompt width (left) and one response width (right)."""
-    widths = {
-        k: max(b.tensors[k].shape[1] for b in batches) for k, v in batches[0].tensors.items() if v.dim() == 2
-    }
-    out = []
-    for b in batches:
-        tensors = {}
-        for k, v in b.tensors.items():
-            missing = widths.get(k, 0) - (v.shape[1] if v.dim() == 2 else 0)
-            if v.dim() != 2 or missing <= 0:
-                tensors[k] = v
-                continue
-            value = pad_token_id if k in ("prompts", "responses") else 0
-            pad = torch.full((v.shape[0], missing), value, dtype=v.dtype)
-            tensors[k] = torch.cat([pad, v] if k in LEFT_PADDED else [v, pad], dim=1)
-        out.append(Batch(tensors, dict(b.non_tensors), dict(b.meta)))
-    return out
 
 
 def fill_missing_extras(batches: list[Batch]) -> list[Batch]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, align_widths
 from lucidrl.data.dataset import PromptSample, collate
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer.metrics import nanmean
@@ -42,9 +42,13 @@ def validate(
                 extras[k] = [float("nan")] * before
             extras[k].extend(extra.get(k, [float("nan")] * n))
         scored.append(batch)
-    batch = Batch.concat(scored)
+    # each batch's responses are as wide as its longest one: pad them to one width to join them
+    batch = Batch.concat(align_widths(scored, pad_token_id))
     seq_scores = batch["token_level_scores"].sum(-1).tolist()
-    acc = extras.get("acc") or (seq_scores if reward.score_is_accuracy else [float("nan")] * len(seq_scores))
+    # row by row: in a set mixing sources, the rows of one whose reward returns no "acc" (GSM8K's 0/1
+    # score is its accuracy) are NaN in the "acc" that another source's rows fill
+    fallback = seq_scores if reward.score_is_accuracy else [float("nan")] * len(seq_scores)
+    acc = [f if a != a else a for a, f in zip(extras.get("acc", fallback), fallback, strict=True)]
     lengths = batch["response_mask"].sum(-1).tolist()
     groups: dict[str, list[int]] = defaultdict(list)
     for i, ds in enumerate(batch["data_source"]):
@@ -67,7 +71,7 @@ def validate(
             out[f"val-aux/{key}/reward/{at_n}"] = out[f"val/{key}/score"]
         out[f"val/{key}/response_length"] = nanmean([lengths[i] for i in idx])
         for k, values in extras.items():
-            if k != "acc":
+            if k != "acc" and any(values[i] == values[i] for i in idx):  # not an extra only others return
                 out[f"val/{key}/{k}"] = nanmean([values[i] for i in idx])
     out["val/acc"] = nanmean(acc)
     return out

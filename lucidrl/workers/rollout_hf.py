@@ -79,6 +79,7 @@ def batch_from_token_lists(
             lp[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
         expanded.set("rollout_log_probs", (lp * mask).to(device))
     expanded.meta["sampling"] = params
+    expanded.meta["pad_token_id"] = pad_id  # ranks' outputs of other widths are padded with it on merge
     return expanded
 
 
@@ -145,6 +146,9 @@ class HFRollout:
             lp = torch.cat([_pad_right(x, width, 0.0) for x in logps])
             expanded.set("rollout_log_probs", lp * mask)
         expanded.meta["sampling"] = params
+        expanded.meta["pad_token_id"] = (
+            self.pad_id
+        )  # ranks' outputs of other widths are padded with it on merge
         return expanded
 
     def _decode(
