@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,6 +162,37 @@ def test_pruning_keeps_the_new_checkpoint_and_drops_an_abandoned_continuation(tm
     assert checkpoint.latest_checkpoint(tmp_path) == root / "global_step_4"
 
 
+def test_saving_a_step_again_never_leaves_latest_naming_a_missing_folder(tmp_path, monkeypatch):
+    """commit deleted the old folder of the same step, then renamed the new one in: a kill in between
+    left `latest` naming nothing. Now the old one is moved aside and comes back if the save dies."""
+    import os
+
+    root = checkpoint.checkpoints_dir(tmp_path)
+    first = checkpoint.begin(tmp_path, 4)
+    (first / "trainer_state.json").write_text('{"which": "first"}')
+    checkpoint.commit(first, keep=None)
+    second = checkpoint.begin(tmp_path, 4)
+    (second / "trainer_state.json").write_text('{"which": "second"}')
+    rename = os.rename
+
+    def killed(src, dst):
+        if str(src).endswith(".tmp"):
+            raise KeyboardInterrupt("killed")
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", killed)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.commit(second, keep=None)
+    monkeypatch.setattr(os, "rename", rename)
+    path = checkpoint.latest_checkpoint(tmp_path)
+    assert path == root / "global_step_4" and "first" in (path / "trainer_state.json").read_text()
+    third = checkpoint.begin(tmp_path, 4)
+    (third / "trainer_state.json").write_text('{"which": "third"}')
+    checkpoint.commit(third, keep=1)
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_4", "latest"]
+    assert "third" in (checkpoint.latest_checkpoint(tmp_path) / "trainer_state.json").read_text()
+
+
 def test_a_torn_metrics_line_is_dropped_with_a_warning(tmp_path, caplog):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 4, "actor/pg')
     assert checkpoint.drop_metrics_after(tmp_path, 2) == 1
@@ -245,6 +277,31 @@ def test_saves_are_atomic_pruned_and_the_latest_is_resumed(tmp_path, kk_data, ti
         PPOTrainer(cfg).fit()
 
 
+def test_resuming_from_an_earlier_checkpoint_points_latest_at_it(tmp_path, kk_data, tiny_model):
+    """The metrics after it are cut at once: `latest` must follow, or a run killed before its next save
+    resumes the abandoned later checkpoint with that branch's metrics gone."""
+    _train(tmp_path, kk_data, tiny_model, "run", "trainer.total_training_steps=2", "trainer.save_freq=1")
+    root = tmp_path / "run" / "checkpoints"
+    assert (root / "latest").read_text().strip() == "global_step_2"
+    PPOTrainer(
+        load_config(
+            None,
+            _args(
+                tmp_path,
+                kk_data,
+                tiny_model,
+                "run",
+                "trainer.total_training_steps=2",
+                "trainer.resume_mode=resume_path",
+                f"trainer.resume_from_path={root / 'global_step_1'}",
+            ),
+        )
+    )  # built, never trained: killed before its first save
+    assert _steps(tmp_path / "run") == [1]
+    cfg = load_config(None, _args(tmp_path, kk_data, tiny_model, "run"))
+    assert checkpoint.resume_point(cfg, tmp_path / "run") == root / "global_step_1"
+
+
 def test_a_key_only_one_config_has_is_named_as_such_not_as_none():
     saved = {"data": {"batch_size": 8, "seed": None, "old_key": 1}}
     now = {"data": {"batch_size": 8, "seed": None, "max_token_len_per_gpu": 8192}, "length_sorted": None}
@@ -268,7 +325,58 @@ def test_resume_refuses_a_changed_key_that_the_saved_state_depends_on(tmp_path, 
         PPOTrainer(load_config(None, _args(tmp_path, kk_data, tiny_model, "plain")))
 
 
-def test_export_writes_the_checkpoint_actor_as_a_huggingface_folder(tmp_path, kk_data, tiny_model, capsys):
+def test_changed_hyperparameters_take_effect_on_resume_as_announced(tmp_path, kk_data, tiny_model, capsys):
+    """The optimizer's and schedule's saved state put the old lr, betas and weight decay back, and a fixed KL
+    coefficient came from the checkpoint, while the resume said "changed since: actor.optim.lr ...". Now
+    the config's values apply, at the schedule's saved position; an adaptive coefficient is restored."""
+    fixed = ("algorithm.kl_ctrl.type=fixed", "trainer.save_freq=1")
+    _train(tmp_path, kk_data, tiny_model, "run", "trainer.total_training_steps=1", *fixed)
+    resumed = _train(
+        tmp_path,
+        kk_data,
+        tiny_model,
+        "run",
+        "trainer.total_training_steps=2",
+        *fixed,
+        "actor.optim.lr=1e-2",
+        "actor.optim.weight_decay=0.25",
+        "actor.optim.betas=[0.5,0.75]",
+        "critic.optim.lr=1e-4",
+        "algorithm.kl_ctrl.kl_coef=0.5",
+    )
+    assert "changed since: " in capsys.readouterr().out
+    rows = [json.loads(x) for x in (resumed.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["actor/lr"] == pytest.approx(1e-3 / 5)  # step 1 of a 5-step warm-up
+    assert rows[1]["actor/lr"] == pytest.approx(1e-2 * 2 / 5)  # step 2, at the new rate
+    assert rows[1]["critic/lr"] == pytest.approx(1e-4)  # no warm-up for the critic
+    assert rows[1]["actor/reward_kl_penalty_coeff"] == 0.5
+    (group,) = resumed.workers.actor.worker.actor.optimizer.param_groups
+    assert (group["lr"], group["betas"], group["weight_decay"]) == (
+        pytest.approx(1e-2 * 3 / 5),
+        (0.5, 0.75),
+        0.25,
+    )
+    # an adaptive coefficient continues from the checkpoint's value (test above), unless kl_ctrl changed
+    _train(tmp_path, kk_data, tiny_model, "adaptive", "trainer.total_training_steps=1", "trainer.save_freq=1")
+    again = _train(
+        tmp_path,
+        kk_data,
+        tiny_model,
+        "adaptive",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=1",
+        "algorithm.kl_ctrl.kl_coef=0.5",
+    )
+    assert "the adaptive KL coefficient starts afresh" in " ".join(capsys.readouterr().out.split())
+    rows = [json.loads(x) for x in (again.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert (
+        rows[0]["actor/reward_kl_penalty_coeff"] == 0.05 and rows[1]["actor/reward_kl_penalty_coeff"] == 0.5
+    )
+
+
+def test_export_writes_the_checkpoint_actor_as_a_huggingface_folder(
+    tmp_path, kk_data, tiny_model, capsys, monkeypatch
+):
     from transformers import AutoModelForCausalLM
 
     trainer = _train(
@@ -299,6 +407,12 @@ def test_export_writes_the_checkpoint_actor_as_a_huggingface_folder(tmp_path, kk
     assert main(["export", str(trainer.run_dir), str(tmp_path / "x2")]) == 0
     again = load_file(tmp_path / "x2" / "model.safetensors")
     assert all(torch.equal(final[k], again[k]) for k in final)
+    # into the current directory, new and empty ("." was a ValueError: it has no name to put .tmp after)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["export", str(trainer.run_dir), "."]) == 0
+    assert Path.cwd() == here and (here / "config.json").is_file() and not (tmp_path / "here.tmp").exists()
     # and the checkpoint's own actor/model loads without export, tied embedding included
     direct = AutoModelForCausalLM.from_pretrained(
         str(trainer.run_dir / "checkpoints" / "global_step_1" / "actor" / "model"), local_files_only=True

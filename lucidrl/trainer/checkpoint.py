@@ -94,6 +94,11 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     if not pointer.is_file():
         return None
     path = root / pointer.read_text().strip()
+    replaced = path.with_name(path.name + ".old")
+    if not path.exists() and (replaced / STATE).is_file():
+        # a save of the same step killed between commit's two renames: the checkpoint it replaced comes back
+        os.rename(replaced, path)
+        log.warning("%s: restored from %s (a save of the same step was interrupted)", path, replaced.name)
     if not (path / STATE).is_file():
         raise CheckpointError(
             f"{pointer} names '{path.name}', which is not a complete checkpoint (no {STATE}); point it at "
@@ -133,6 +138,23 @@ def resumes_in_place(resume: Path | None, run_dir: Path) -> bool:
     return resume is not None and Path(run_dir).resolve() in Path(resume).resolve().parents
 
 
+def continue_from(run_dir: Path, path: Path, step: int) -> int:
+    """Resuming `run_dir` from its checkpoint `path` at `step`: the steps after it are trained again, so
+    their metrics.jsonl records go (returns how many), and `latest` points at `path`, also when a later
+    checkpoint exists (trainer.resume_from_path to an earlier one): a run killed before its next save
+    then resumes where its metrics end, not from the abandoned continuation."""
+    if resumes_in_place(path, run_dir):
+        point_latest(Path(path))
+    return drop_metrics_after(run_dir, step)
+
+
+def point_latest(final: Path) -> None:
+    """checkpoints/latest names `final`, replaced atomically."""
+    pointer = final.parent / LATEST
+    pointer.with_suffix(".tmp").write_text(final.name + "\n")
+    os.replace(pointer.with_suffix(".tmp"), pointer)
+
+
 def drop_metrics_after(run_dir: Path, step: int) -> int:
     """Remove metrics.jsonl records of steps after `step` (they are trained again); returns how many."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -167,17 +189,22 @@ def begin(run_dir: Path, step: int) -> Path:
 def commit(tmp: Path, keep: int | None) -> Path:
     """Rename the finished `tmp` into place, point `latest` at it, and keep the newest `keep` checkpoints."""
     final = tmp.with_name(tmp.name.removesuffix(".tmp"))
-    if final.exists():  # the same step saved again after a resume
-        shutil.rmtree(final)
+    replaced = None
+    if final.exists():  # the same step saved again after a resume: moved aside, not deleted, until the
+        # new one is in place (a kill in between used to leave `latest` naming a deleted folder)
+        replaced = final.with_name(final.name + ".old")
+        if replaced.exists():
+            shutil.rmtree(replaced)
+        os.rename(final, replaced)
     os.rename(tmp, final)
-    pointer = final.parent / LATEST
-    pointer.with_suffix(".tmp").write_text(final.name + "\n")
-    os.replace(pointer.with_suffix(".tmp"), pointer)
+    point_latest(final)
+    if replaced is not None:
+        shutil.rmtree(replaced)
     if keep is not None:
         # the newest `keep` up to this one; later steps are an abandoned continuation (a resume from
         # an earlier checkpoint retrains them), so they go too
         step = _step_of(final)
-        others = [p for p in final.parent.glob(PREFIX + "*") if p.is_dir() and not p.name.endswith(".tmp")]
+        others = [p for p in final.parent.glob(PREFIX + "*") if p.is_dir() and p.name.removeprefix(PREFIX).isdigit()]
         earlier = sorted((p for p in others if _step_of(p) < step), key=_step_of)
         later = [p for p in others if _step_of(p) > step]
         for old in earlier[: max(0, len(earlier) - (keep - 1))] + later:

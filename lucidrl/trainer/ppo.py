@@ -167,10 +167,18 @@ class PPOTrainer:
         if self.resumed_from is not None:
             lines.append(
                 f"resumed from {self.resumed_from} after step {self.global_step} ({self.batches_drawn} batches "
-                "into the data): weights, optimizer, LR schedule, KL coefficient, collapse monitor and RNG restored"
+                "into the data): weights, optimizer moments, LR schedule position, adaptive KL coefficient, "
+                "collapse monitor and RNG restored"
                 + (
                     " (the collapse monitor starts afresh: trainer.collapse changed)"
                     if any(k.startswith("trainer.collapse.") for k in self.resume_changes)
+                    else ""
+                )
+                + (
+                    " (the adaptive KL coefficient starts afresh: algorithm.kl_ctrl changed)"
+                    if self.kl_ctrl is not None
+                    and self.cfg.algorithm.kl_ctrl.type == "adaptive"
+                    and not self._kl_coef_restored()
                     else ""
                 )
                 + (f"; changed since: {_changes(self.resume_changes)}" if self.resume_changes else "")
@@ -334,13 +342,22 @@ class PPOTrainer:
         self.global_step = state["global_step"]
         self.batches_drawn = state["batches_drawn"]
         self.collector.rounds = state["generation_rounds"]
-        if self.kl_ctrl is not None and state["kl_coef"] is not None:
+        if self._kl_coef_restored() and state["kl_coef"] is not None:
             self.kl_ctrl.value = state["kl_coef"]
         if not any(k.startswith("trainer.collapse.") for k in self.resume_changes):
             self.monitor.load_state_dict(state["collapse_monitor"])  # else its windows mean other things
         self.resumed_from = path
         self.healthy_step = self.global_step  # keep_last_healthy's snapshot starts from the resumed weights
-        checkpoint.drop_metrics_after(self.run_dir, self.global_step)
+        checkpoint.continue_from(self.run_dir, path, self.global_step)
+
+    def _kl_coef_restored(self) -> bool:
+        """An adaptive KL coefficient continues from the checkpoint's value unless algorithm.kl_ctrl changed;
+        a fixed one is the config's (a new algorithm.kl_ctrl.kl_coef takes effect, as in verl)."""
+        return (
+            self.kl_ctrl is not None
+            and self.cfg.algorithm.kl_ctrl.type == "adaptive"
+            and not any(k.startswith("algorithm.kl_ctrl.") for k in self.resume_changes)
+        )
 
     def save_model(self, path: Path) -> None:
         """A HuggingFace model folder (safetensors + tokenizer) loadable by from_pretrained."""

@@ -226,4 +226,4 @@ class SFTTrainer:
         self.global_step = state["global_step"]
         self.batches_drawn = state["batches_drawn"]
         self.resumed_from = path
-        checkpoint.drop_metrics_after(self.run_dir, self.global_step)
+        checkpoint.continue_from(self.run_dir, path, self.global_step)

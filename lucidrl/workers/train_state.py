@@ -175,6 +175,11 @@ def load_train_state(model: torch.nn.Module, optimizer, scheduler, path: Path, e
             f"model is {'a LoRA actor' if is_lora(hf_model) else 'trained whole'}: resume with the model.lora_rank "
             "it was saved with"
         )
+    # the optimizer and schedule were just built from this run's config: its hyperparameters win over the
+    # checkpoint's (a resume announces "changed since: actor.optim.lr ..."; AdamW's and the schedule's
+    # saved state would otherwise put the old values back silently)
+    configured = [{k: g[k] for k in _HYPER if k in g} for g in optimizer.param_groups]
+    base_lrs = list(scheduler.base_lrs)
     state: dict[str, Any] = {"scheduler": scheduler.state_dict(), "extra": {**extra, "has_optim": False}}
     with _single_process_quiet():
         if is_lora(hf_model):
@@ -193,4 +198,20 @@ def load_train_state(model: torch.nn.Module, optimizer, scheduler, path: Path, e
             optim = {"optim": get_optimizer_state_dict(model, optimizer)}
             dcp.load(optim, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
             set_optimizer_state_dict(model, optimizer, optim["optim"])
+    _reapply_hyperparameters(optimizer, scheduler, configured, base_lrs)
     return state["extra"]
+
+
+_HYPER = ("betas", "weight_decay", "eps", "initial_lr")
+
+
+def _reapply_hyperparameters(optimizer, scheduler, configured: list[dict], base_lrs: list[float]) -> None:
+    """Put this run's lr, betas, weight decay and eps back after loading a checkpoint's optimizer and
+    schedule state, keeping the schedule's position (its step count) and AdamW's moments."""
+    for group, values in zip(optimizer.param_groups, configured, strict=True):
+        group.update(values)
+    scheduler.base_lrs = base_lrs
+    lrs = [base * f(scheduler.last_epoch) for base, f in zip(base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what get_last_lr() (actor/lr) reports
