@@ -138,6 +138,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
     from rich.console import Console
+    from rich.markup import escape
 
     from lucidrl.evaluation import evaluate, results_table
 
@@ -151,16 +152,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         seed=args.seed,
     )
+    if args.json:  # first: the results are kept whatever printing them does
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
     console = Console(highlight=False)
     for data_source in result["data_sources"]:
         console.print(results_table(result, data_source))
     seconds = result["seconds"]
     console.print(f"generation: greedy {seconds['greedy']:.1f} s, sampled {seconds['sampled']:.1f} s")
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {out}")
+        console.print(f"wrote {escape(str(out))}")
     return 0
 
 
@@ -180,6 +182,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     import json
 
     from rich.console import Console
+    from rich.markup import escape
 
     from lucidrl.diagnostics.doctor import SLOW_CHECKS, format_check, run_doctor
     from lucidrl.diagnostics.errors import UsageError
@@ -204,7 +207,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-        console.print(f"wrote {out}")
+        console.print(f"wrote {escape(str(out))}")
     if failed:
         console.print(f"[bold red]{len(failed)} check(s) failed:[/] {', '.join(c.name for c in failed)}")
         return 1

@@ -208,13 +208,14 @@ def results_table(result: dict[str, Any], data_source: str) -> Any:
     pass@k, format-pass rate, the share of truth-table traces right in every step (when the responses
     are traces) and mean response length (tokens).
     """
+    from rich.markup import escape
     from rich.table import Table
 
     entry = result["data_sources"][data_source]
     k = result["k"]
     people = list(entry["n_prompts_by_people"])
     table = Table(
-        title=f"{data_source}: {entry['n_prompts']} prompts, {result['model']}",
+        title=escape(f"{data_source}: {entry['n_prompts']} prompts, {result['model']}"),
         caption=f"sampled: {k} samples per prompt at temperature {result['temperature']:g}; "
         f"up to {result['max_new_tokens']} new tokens",
     )

@@ -96,6 +96,21 @@ def test_cli_prints_the_table_and_writes_json(kk_data, tiny_model, tmp_path, cap
     assert saved["data_sources"]["kk_logic"]["n_prompts_by_people"] == {"2": 2, "3": 2}
 
 
+def test_names_with_square_brackets_print_as_they_are(result):
+    """rich read a model path's "[red]" as markup (the table named another model) and "[/x]" raised
+    MarkupError after the whole evaluation, before --json was written."""
+    import io
+
+    from rich.console import Console
+
+    from lucidrl.evaluation import results_table
+
+    for name in ("runs/[red]/final", "runs/[/x]/final"):
+        console = Console(file=io.StringIO(), width=200)
+        console.print(results_table({**result, "model": name}, "kk_logic"))
+        assert name in console.file.getvalue()
+
+
 def test_missing_model_bad_flags_and_overlong_prompts_are_clean_errors(kk_data, tiny_model, tmp_path, capsys):
     assert main(["eval", str(tmp_path / "no-model"), "--data", kk_data["val"]]) == 2
     err = capsys.readouterr().err

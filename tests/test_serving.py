@@ -96,6 +96,25 @@ def test_raw_completion_n_seed_and_string_prompt(served, tiny_tokenizer):
     assert len(plain[1]["choices"]) == 2 and "token_ids" not in plain[1]["choices"][0]
 
 
+def test_logprob_tokens_are_text_pieces_and_a_tiny_temperature_is_greedy(served, tiny_tokenizer):
+    """tokens were the vocabulary's byte-level pieces (null past the tokenizer's end); a temperature of
+    1e-40 overflowed float32 and answered NaN log-probs and the last vocabulary id, with HTTP 200."""
+    payload = {"prompt": "Who is a knight?", "max_tokens": 12, "temperature": 1.0, "n": 4, "seed": 3}
+    body = _call(served.url + "/v1/completions", {**payload, "logprobs": 0, "return_token_ids": True})[1]
+    for c in body["choices"]:
+        lp = c["logprobs"]
+        pieces = [tiny_tokenizer.decode([t], skip_special_tokens=True) for t in c["token_ids"]]
+        assert lp["tokens"] == pieces and None not in lp["tokens"]
+        assert lp["text_offset"] == [len("".join(pieces[:k])) for k in range(len(pieces))]
+        assert lp["top_logprobs"] == [{p: x} for p, x in zip(pieces, lp["token_logprobs"], strict=True)]
+    greedy = {"prompt": "Who is a knight?", "max_tokens": 12, "return_token_ids": True}
+    want = _call(served.url + "/v1/completions", {**greedy, "temperature": 0})[1]["choices"][0]["token_ids"]
+    for t in (1e-40, 1e-300, 1e-6):
+        status, got = _call(served.url + "/v1/completions", {**greedy, "temperature": t, "logprobs": 0})
+        assert status == 200 and got["choices"][0]["token_ids"] == want, t
+        assert all(x == x for x in got["choices"][0]["logprobs"]["token_logprobs"])
+
+
 @pytest.mark.parametrize(
     ("payload", "param", "words"),
     [
@@ -107,6 +126,8 @@ def test_raw_completion_n_seed_and_string_prompt(served, tiny_tokenizer):
         ({"prompt": "hi", "stop": ["\n"]}, "stop", "not supported"),
         ({"prompt": "hi", "logprobs": 5}, "logprobs", "logprobs=5"),
         ({"prompt": "hi", "frobnicate": 1}, "frobnicate", "unknown field"),
+        ({"prompt": "hi", "seed": 2**70}, "seed", "must be <= 9223372036854775807"),  # was a 500
+        ({"prompt": "hi", "seed": -(2**70)}, "seed", "must be >= -9223372036854775808"),
         (b"{not json", None, "not valid JSON"),
     ],
 )
@@ -125,6 +146,23 @@ def test_wrong_model_is_404_and_server_errors_reach_the_rollout(served, kk_data,
     # a server started without --accept-weights refuses a push, saying how to allow it
     with pytest.raises(RolloutServerError, match=r"HTTP 403: .*--accept-weights"):
         rollout.sync_weights(torch.nn.Linear(1, 1))
+
+
+def test_a_loopback_server_is_reached_directly_not_through_http_proxy(served, tiny_tokenizer, monkeypatch):
+    """urllib sent even 127.0.0.1 through http_proxy: a running server looked down (ConnectionRefused
+    from the proxy), and weight pushes would have gone to the proxy."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{dead}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert ServerRollout(served.url, tiny_tokenizer, timeout_s=30).proxy is None  # health check passed
+    from lucidrl.workers.rollout_server import _opener_for
+
+    assert _opener_for("http://10.1.2.3:8000")[1] == f"http://127.0.0.1:{dead}"  # others follow the variables
+    monkeypatch.setenv("no_proxy", "10.1.2.3")
+    assert _opener_for("http://10.1.2.3:8000")[1] is None
 
 
 def test_closed_port_fails_fast_naming_the_url(tiny_tokenizer):

@@ -88,6 +88,9 @@ class CompletionRequest:
     return_token_ids: bool = False
 
 
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy decoding, as in vLLM
+
+
 def parse_completion_request(
     body: Any, *, served_model: str, tokenizer: Any, vocab_size: int, max_positions: int | None
 ) -> CompletionRequest:
@@ -124,6 +127,9 @@ def parse_completion_request(
     prompts = _parse_prompt(body["prompt"], tokenizer, vocab_size)
 
     temperature = _number(body, "temperature", 1.0, low=0.0)
+    if temperature < GREEDY_BELOW:
+        # vLLM's rule (_SAMPLING_EPS): logits / 1e-40 overflow float32, and the softmax was NaN
+        temperature = 0.0
     logprobs = _integer(body, "logprobs", None, low=0)
     if logprobs is not None and logprobs > 0:
         raise RequestError(
@@ -138,7 +144,7 @@ def parse_completion_request(
         top_p=_number(body, "top_p", 1.0, low=0.0, low_open=True, high=1.0),
         top_k=_top_k(body),
         n=_integer(body, "n", 1, low=1),
-        seed=_integer(body, "seed", None),
+        seed=_integer(body, "seed", None, low=-(2**63), high=2**63 - 1),  # torch.manual_seed's range
         logprobs=logprobs,
         return_token_ids=_boolean(body, "return_token_ids", False),
     )
@@ -200,7 +206,9 @@ def _short(value: Any) -> str:
     return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
-def _integer(body: dict[str, Any], key: str, default: int | None, *, low: int | None = None) -> Any:
+def _integer(
+    body: dict[str, Any], key: str, default: int | None, *, low: int | None = None, high: int | None = None
+) -> Any:
     value = body.get(key)
     if value is None:
         return default
@@ -210,6 +218,8 @@ def _integer(body: dict[str, Any], key: str, default: int | None, *, low: int | 
         raise RequestError(f"{key} must be an integer, got {_short(value)}", key)
     if low is not None and value < low:
         raise RequestError(f"{key}={value} must be >= {low}", key)
+    if high is not None and value > high:
+        raise RequestError(f"{key}={value} must be <= {high}", key)
     return value
 
 

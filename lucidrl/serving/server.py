@@ -109,10 +109,15 @@ class CompletionEngine:
                 "stop_reason": None,
             }
             if logps is not None:
+                # text pieces, as vLLM and OpenAI send them (not the vocabulary's byte-level pieces, which
+                # join to other text and are null for ids past the tokenizer's end)
+                pieces = [self.tokenizer.decode([t], skip_special_tokens=True) for t in ids]
+                offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
                 choice["logprobs"] = {
-                    "tokens": self.tokenizer.convert_ids_to_tokens(ids),
+                    "tokens": pieces,
                     "token_logprobs": logps,
-                    "top_logprobs": None,
+                    "top_logprobs": [{p: lp} for p, lp in zip(pieces, logps, strict=True)],
+                    "text_offset": offsets,
                 }
             if req.return_token_ids:
                 choice["token_ids"] = ids
@@ -292,7 +297,19 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
+        try:  # strict JSON: Python's NaN literal is not JSON, and other clients' parsers refuse it
+            data = json.dumps(payload, allow_nan=False).encode()
+        except ValueError:
+            status, payload = (
+                500,
+                error_body(
+                    "the reply holds a non-finite number (a NaN or infinite log-prob): the model's logits are "
+                    "not finite for this request; report it with the request",
+                    None,
+                    type_="internal_server_error",
+                ),
+            )
+            data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

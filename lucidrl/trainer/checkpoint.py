@@ -204,7 +204,9 @@ def commit(tmp: Path, keep: int | None) -> Path:
         # the newest `keep` up to this one; later steps are an abandoned continuation (a resume from
         # an earlier checkpoint retrains them), so they go too
         step = _step_of(final)
-        others = [p for p in final.parent.glob(PREFIX + "*") if p.is_dir() and p.name.removeprefix(PREFIX).isdigit()]
+        others = [
+            p for p in final.parent.glob(PREFIX + "*") if p.is_dir() and p.name.removeprefix(PREFIX).isdigit()
+        ]
         earlier = sorted((p for p in others if _step_of(p) < step), key=_step_of)
         later = [p for p in others if _step_of(p) > step]
         for old in earlier[: max(0, len(earlier) - (keep - 1))] + later:

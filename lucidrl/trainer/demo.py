@@ -32,6 +32,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from lucidrl.config import config_from_dict
@@ -351,12 +352,14 @@ def run_demo(out: Path, seeds: list[int], plan: DemoPlan | None = None) -> list[
     )
     for r in results:
         if r.collapse:
-            console.print(f"seed {r.seed}: {r.collapse} (the last healthy weights were evaluated)")
+            console.print(escape(f"seed {r.seed}: {r.collapse} (the last healthy weights were evaluated)"))
     per_seed = statistics.mean(r.seconds["total"] for r in results)
     console.print(
         f"budget per seed: SFT {plan.sft_s:.0f} s + GRPO {plan.rl_s:.0f} s (the baseline: SFT {plan.sft_s:.0f} + "
         f"{plan.rl_s:.0f} s); wall time {time.perf_counter() - start:.0f} s ({per_seed:.0f} s per seed, "
         f"evaluation and the baseline included)"
     )
-    console.print(f"results: {out / 'demo_results.json'}; runs under {out}/seed*/ (sft, grpo, sft_only)")
+    console.print(
+        escape(f"results: {out / 'demo_results.json'}; runs under {out}/seed*/ (sft, grpo, sft_only)")
+    )
     return results

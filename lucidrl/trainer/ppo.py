@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import torch
+from rich.markup import escape
 
 from lucidrl.algos import apply_kl_penalty, get_advantage_estimator, make_kl_controller
 from lucidrl.batch import Batch
@@ -189,7 +190,7 @@ class PPOTrainer:
                 f"{cfg.data.train_batch_size} and are left out of that epoch"
             )
         for line in lines:
-            self.tracker.console.print(f"[dim]lucidrl:[/dim] {line}")
+            self.tracker.console.print(f"[dim]lucidrl:[/dim] {escape(line)}")
 
     def _batches(self):
         position, epoch = 0, 0
@@ -294,7 +295,7 @@ class PPOTrainer:
                         began = time.perf_counter()
                         path = self.save_checkpoint()
                         line = checkpoint.saved_line(path, time.perf_counter() - began)
-                        self.tracker.console.print(f"[dim]lucidrl:[/dim] {line}")
+                        self.tracker.console.print(f"[dim]lucidrl:[/dim] {escape(line)}")
                     else:  # its weights may be collapsed, or a restored earlier step's next to later optimizer state
                         self.tracker.console.print(
                             f"[dim]lucidrl:[/dim] no checkpoint at step {self.global_step}, which collapsed; a resume "
@@ -314,7 +315,7 @@ class PPOTrainer:
     def _report_collapse(self, report: CollapseReport) -> None:
         action = self.cfg.trainer.collapse.action
         then = "stopping the run" if action == "stop" else "training on (trainer.collapse.action=warn)"
-        self.tracker.console.print(f"[bold red]lucidrl: {report.message()}[/bold red]; {then}")
+        self.tracker.console.print(f"[bold red]lucidrl: {escape(report.message())}[/bold red]; {then}")
         (self.run_dir / "COLLAPSE.txt").write_text(report.message() + "\n")
 
     def save_checkpoint(self) -> Path:

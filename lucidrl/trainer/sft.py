@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from rich.markup import escape
 
 from lucidrl.config import SFTConfig
 from lucidrl.config.loader import to_dict
@@ -98,9 +99,11 @@ class SFTTrainer:
             )
         if resume is not None:
             self.tracker.console.print(
-                f"[dim]lucidrl:[/dim] resumed from {resume} after step {self.global_step}: weights, optimizer, "
-                "LR schedule, data position and RNG restored"
-                + "".join(f"; {k} {old!r} -> {new!r}" for k, (old, new) in self.resume_changes.items())
+                f"[dim]lucidrl:[/dim] resumed from {escape(str(resume))} after step {self.global_step}: weights, "
+                "optimizer moments, LR schedule position, data position and RNG restored"
+                + escape(
+                    "".join(f"; {k} {old!r} -> {new!r}" for k, (old, new) in self.resume_changes.items())
+                )
             )
 
     def _autocast(self):
@@ -189,7 +192,7 @@ class SFTTrainer:
                     began = time.perf_counter()
                     path = self.save_checkpoint()
                     line = checkpoint.saved_line(path, time.perf_counter() - began)
-                    self.tracker.console.print(f"[dim]lucidrl:[/dim] {line}")
+                    self.tracker.console.print(f"[dim]lucidrl:[/dim] {escape(line)}")
                 if out_of_time:
                     self.tracker.console.print(
                         f"[dim]lucidrl:[/dim] stopped at step {self.global_step}: "

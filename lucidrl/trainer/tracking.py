@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from lucidrl.config.loader import flat_keys, missing_logger_packages, to_dict
 
@@ -193,7 +194,7 @@ class Tracker:
         if ids:
             ids_path.write_text(json.dumps(ids, indent=2) + "\n")
         for tracker in self.external:
-            self.console.print(f"[dim]lucidrl:[/dim] logging to {tracker.where}")
+            self.console.print(f"[dim]lucidrl:[/dim] logging to {escape(tracker.where)}")
 
     @classmethod
     def for_run(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import http.client
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -64,6 +65,7 @@ class ServerRollout:
             raise ValueError(f"ServerRollout timeout_s={timeout_s} must be > 0 seconds")
         self.tokenizer = tokenizer
         self.timeout_s = timeout_s
+        self._opener, self.proxy = _opener_for(self.base_url)
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = eos_ids if eos_ids is not None else [tokenizer.eos_token_id]
         if self.pad_id is None or None in self.eos_ids:
@@ -186,14 +188,20 @@ class ServerRollout:
             data = json.dumps(payload).encode() if payload is not None else None
         req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with self._opener.open(req, timeout=self.timeout_s) as resp:
                 status, raw = resp.status, resp.read()
         except urllib.error.HTTPError as e:
             status, raw = e.code, e.read()
         except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as e:
             reason = e.reason if isinstance(e, urllib.error.URLError) else e
+            via = (
+                f" through the proxy {self.proxy} (the http_proxy environment variable; add the host to "
+                "no_proxy if the server is reached directly)"
+                if self.proxy
+                else ""
+            )
             raise RolloutServerError(
-                f"{purpose} {method} {url} failed (rollout.server.timeout_s={self.timeout_s}): "
+                f"{purpose} {method} {url} failed{via} (rollout.server.timeout_s={self.timeout_s}): "
                 f"{type(reason).__name__}: {reason}. Check that the server is running and listening on "
                 f"that host and port (`lucidrl serve MODEL --port PORT` or `vllm serve MODEL --port PORT`), "
                 "and that base_url/host/port point at it; a server still loading its model, or a long "
@@ -244,3 +252,18 @@ def _error_message(body: Any) -> str:
         if "message" in body:
             return str(body["message"])
     return str(body)[:500] if body else "(empty body)"
+
+
+def _opener_for(base_url: str) -> tuple[urllib.request.OpenerDirector, str | None]:
+    """(an opener for the server, the proxy it goes through or None). A server on this host is reached
+    directly: urllib would send even 127.0.0.1 through http_proxy (weight pushes included), and a proxy
+    that cannot reach back here makes a running server look down."""
+    parts = urllib.parse.urlsplit(base_url)
+    host = parts.hostname or ""
+    loopback = host == "localhost" or host.startswith("127.") or host == "::1"
+    if loopback:
+        return urllib.request.build_opener(urllib.request.ProxyHandler({})), None
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and urllib.request.proxy_bypass(host):
+        proxy = None
+    return urllib.request.build_opener(), proxy
