@@ -151,6 +151,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         limit=args.limit,
         batch_size=args.batch_size,
         seed=args.seed,
+        prompt_key=args.prompt_key,
+        reward_function=args.reward,
     )
     if args.json:  # first: the results are kept whatever printing them does
         out = Path(args.json)
@@ -352,6 +354,16 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON to OUT")
     ev.add_argument("--batch-size", type=int, default=64, help="sequences per generate call (default 64)")
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument(
+        "--prompt-key", default="prompt", help="the prompt column, as data.prompt_key (default prompt)"
+    )
+    ev.add_argument(
+        "--reward",
+        default=None,
+        metavar="PATH[:NAME]",
+        help="a custom reward function file (as reward.custom_function.path and .name, NAME default "
+        "compute_score); default: the built-in rule of each row's data_source",
+    )
     ev.set_defaults(fn=_cmd_eval)
 
     export = sub.add_parser("export", help="a HuggingFace model folder from a training checkpoint's actor")

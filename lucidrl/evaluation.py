@@ -112,6 +112,8 @@ def evaluate(
     limit: int | None = None,
     batch_size: int = 64,
     seed: int = 0,
+    prompt_key: str = "prompt",
+    reward_function: str | None = None,
 ) -> dict[str, Any]:
     """Generate greedily and k samples per prompt with the model at `model_path`; score; summarise.
 
@@ -128,7 +130,9 @@ def evaluate(
 
     Means over no values (e.g. format_ok from a reward without that metric) are None. The global torch
     RNG is left as it was; sampling draws from it seeded with `seed`, in batch order, so sampled
-    results also depend on `batch_size`.
+    results also depend on `batch_size`. `reward_function` is "PATH" or "PATH:NAME" of a custom reward
+    function (as the trainer's reward.custom_function; NAME defaults to compute_score): a model trained
+    with one is scored by it, not by the built-in rule of its data_source.
     """
     from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
 
@@ -136,7 +140,14 @@ def evaluate(
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path)
     check_tokenizer_matches_model(model, tokenizer, model_path)
-    samples, _ = load_prompts(list(data_files), tokenizer, max_prompt_length=10**9, what="--data")
+    samples, _ = load_prompts(
+        list(data_files),
+        tokenizer,
+        max_prompt_length=10**9,
+        prompt_key=prompt_key,
+        what="--data",
+        prompt_key_option="--prompt-key",
+    )
     samples = samples[:limit] if limit is not None else samples
     positions = getattr(model.config, "max_position_embeddings", None)
     if positions is not None:
@@ -148,7 +159,8 @@ def evaluate(
                     f"--max-new-tokens to at most {positions - len(s.input_ids)} or evaluate shorter prompts"
                 )
     rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size)
-    reward = RuleRewardManager(tokenizer)
+    path, _, name = (reward_function or "").partition(":")
+    reward = RuleRewardManager.from_config(tokenizer, path or None, name or "compute_score")
     modes = {
         "greedy": SamplingParams(n=1, do_sample=False, max_new_tokens=max_new_tokens),
         "sampled": SamplingParams(
@@ -195,6 +207,7 @@ def evaluate(
         "temperature": float(temperature),
         "max_new_tokens": max_new_tokens,
         "seed": seed,
+        "reward": reward.name,
         "n_prompts": len(samples),
         "seconds": seconds,
         "data_sources": by_source,

@@ -152,3 +152,38 @@ def test_a_source_without_an_acc_metric_keeps_its_score_as_accuracy_in_a_mixed_c
         Rollout(), Reward(), samples, SamplingParams(n=1), pad_token_id=0, batch_size=2
     )
     assert rows["acc"] == [0.0, 1.0]
+
+
+def test_a_custom_reward_function_and_prompt_column_are_used(kk_data, tiny_model, tmp_path):
+    """eval always scored with the built-in rule of each row's data_source and read the 'prompt' column:
+    a model trained with reward.custom_function or data.prompt_key could not be evaluated as trained."""
+
+    table = pq.read_table(kk_data["val"])
+    renamed = table.rename_columns(["question" if c == "prompt" else c for c in table.column_names])
+    pq.write_table(renamed, tmp_path / "q.parquet")
+    reward = tmp_path / "reward.py"
+    reward.write_text(
+        "def always(data_source, solution_str, ground_truth, extra_info):\n"
+        "    return {'score': 0.5, 'acc': 1.0}\n"
+    )
+    with pytest.raises(DatasetError, match="set --prompt-key to the prompt column"):
+        evaluate(tiny_model["path"], [str(tmp_path / "q.parquet")], k=1, max_new_tokens=2, limit=2)
+    out = evaluate(
+        tiny_model["path"],
+        [str(tmp_path / "q.parquet")],
+        k=1,
+        max_new_tokens=2,
+        limit=2,
+        prompt_key="question",
+        reward_function=f"{reward}:always",
+    )
+    entry = out["data_sources"]["kk_logic"]
+    assert entry["greedy"]["acc"] == entry["sampled"]["acc"] == 1.0 and entry["greedy"]["score"] == 0.5
+    assert out["reward"] == f"{reward}:always"
+    argv = ["eval", tiny_model["path"], "--data", str(tmp_path / "q.parquet"), "--prompt-key", "question"]
+    argv += ["--reward", f"{reward}:always", "--k", "1", "--max-new-tokens", "2", "--limit", "2"]
+    assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["reward"] == f"{reward}:always" and saved["data_sources"]["kk_logic"]["greedy"]["acc"] == 1.0
+    builtin = evaluate(tiny_model["path"], [kk_data["val"]], k=1, max_new_tokens=2, limit=2)
+    assert builtin["data_sources"]["kk_logic"]["greedy"]["acc"] == 0.0  # 2 tokens: never a right answer

@@ -180,3 +180,13 @@ def test_closed_port_fails_fast_naming_the_url(tiny_tokenizer):
 def test_server_refuses_non_loopback_hosts_by_default(tiny_model):
     with pytest.raises(UsageError, match="refusing to serve on host '0.0.0.0'.*--host"):
         make_server(str(tiny_model["path"]), "0.0.0.0", 0)
+
+
+def test_a_request_body_that_never_arrives_is_a_408_not_a_thread_held_forever(served, monkeypatch):
+    from lucidrl.serving import server as server_module
+
+    monkeypatch.setattr(server_module._Handler, "timeout", 1.0)
+    with socket.create_connection(("127.0.0.1", served.port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        reply = s.recv(65536).decode()
+    assert reply.startswith("HTTP/1.0 408") and "100 bytes announced" in reply and "within 1 s" in reply

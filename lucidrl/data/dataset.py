@@ -102,6 +102,7 @@ def load_prompts(
     prompt_key: str = "prompt",
     filter_overlong: bool = False,
     what: str = "data.train_files",
+    prompt_key_option: str = "data.prompt_key",
 ) -> tuple[list[PromptSample], FilterReport]:
     """Read and tokenize every row of `files`; overlong prompts are an error or filtered and counted."""
     if not files:
@@ -123,7 +124,7 @@ def load_prompts(
                 raise DatasetError(
                     f"{what}: '{file}' has no column '{col}' (it has: {', '.join(table.column_names)}); "
                     f"rows need data_source, {prompt_key} (chat messages) and reward_model.ground_truth"
-                    + (" — or set data.prompt_key to the prompt column" if col == prompt_key else "")
+                    + (f" — or set {prompt_key_option} to the prompt column" if col == prompt_key else "")
                 )
         rows = table.to_pylist()
         for i, row in enumerate(rows):

@@ -239,6 +239,9 @@ def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "lucidrl-serve"
+    # seconds a connection may stall while sending its request (StreamRequestHandler's socket timeout):
+    # a client that announced a body and never sent it held a handler thread forever
+    timeout = 120.0
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         path = self.path.split("?", 1)[0].rstrip("/")
@@ -276,7 +279,14 @@ class _Handler(BaseHTTPRequestHandler):
             raise RequestError("the request needs a Content-Length header and a body", None)
         if int(length) > limit:
             raise RequestError(f"request body of {length} bytes exceeds {limit}", None, status=413)
-        return self.rfile.read(int(length))
+        try:
+            return self.rfile.read(int(length))
+        except TimeoutError as e:
+            raise RequestError(
+                f"the request body ({length} bytes announced) did not arrive within {self.timeout:g} s",
+                None,
+                status=408,
+            ) from e
 
     def _read_json(self) -> Any:
         raw = self._read_body(MAX_BODY_BYTES)
