@@ -57,6 +57,8 @@ GT = {"target": 24, "numbers": [4, 6, 1]}
         ("<answer> (4 * 6) / 1 </answer>", 1.0, 1.0),
         ("<answer>4 × 6 ÷ 1</answer>", 1.0, 1.0),
         ("<answer>1</answer> then <answer>4*6*1</answer>", 1.0, 1.0),  # the last answer counts
+        ("<answer>4*6*1</answer></answer>", 1.0, 1.0),  # a stray closing tag (was 0.1; TinyZero: 1.0)
+        ("<answer>4*6*1</answer> done. </answer>", 1.0, 1.0),
         ("<answer>4*6</answer>", 0.1, 0.0),  # a number left out
         ("<answer>4*6*1*1</answer>", 0.1, 0.0),  # a number used twice
         ("<answer>4+6+1</answer>", 0.1, 0.0),  # another value

@@ -67,6 +67,26 @@ def test_custom_function_from_config(tmp_path, tiny_tokenizer):
         RuleRewardManager.from_config(tiny_tokenizer, str(f), "nope")
 
 
+def test_custom_functions_are_called_by_keyword_as_verl_calls_them(tmp_path, tiny_tokenizer):
+    """A function written for verl with its parameters in another order scored 0.0 silently (called by
+    position, solution_str got the data_source); one with other names is refused when loaded."""
+    f = tmp_path / "verl_style.py"
+    f.write_text(
+        "def reordered(solution_str, ground_truth, data_source=None, extra_info=None):\n"
+        "    return float(ground_truth in solution_str and data_source == 'my_task')\n"
+        "def keyword_only(*, data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(ground_truth in solution_str)\n"
+        "def other_names(ds, text, gt, info):\n"
+        "    return 1.0\n"
+    )
+    batch = _batch(tiny_tokenizer, ["so x", "no"], ["x", "y"], data_source="my_task")
+    for name in ("reordered", "keyword_only"):
+        out, _ = RuleRewardManager.from_config(tiny_tokenizer, str(f), name).score(batch)
+        assert out["token_level_scores"].sum(-1).tolist() == [1.0, 0.0], name
+    with pytest.raises(CustomFunctionError, match=r"other_names\(ds, text, gt, info\) cannot be called as"):
+        RuleRewardManager.from_config(tiny_tokenizer, str(f), "other_names")
+
+
 def test_unknown_data_source_is_an_error(tiny_tokenizer):
     batch = _batch(tiny_tokenizer, ["x"], ["1"], data_source="kk_logik")
     with pytest.raises(Exception, match="kk_logik.*kk_logic"):

@@ -42,6 +42,20 @@ def test_gsm8k_sources_use_the_last_hash_answer(source):
     assert default_compute_score(source, "the answer is 24", "24") == 0.0
     assert default_compute_score(source, "#### 25", "24") == 0.0
     assert default_compute_score(source, "#### -3", -3) == 1.0
+    assert (
+        default_compute_score(source, "#### $ 7", "7") == default_compute_score(source, "####$7", "7") == 1.0
+    )
+    # "####" then a run of spaces: the old pattern took 8 s on this (quadratic), now milliseconds
+    assert default_compute_score(source, "#### " + " " * 20000 + "x", "5") == 0.0
+
+
+def test_math_dapo_sources_are_refused_not_scored_by_another_rule():
+    """verl scores data_source 'math' (and math_dapo, aime*) with DAPO's 'Answer:' rule; lucidrl read
+    'math' as the boxed MATH rule, which scores 'Answer: 42' as 0."""
+    for source in ("math", "math_dapo", "aime2024"):
+        with pytest.raises(UnknownDataSourceError, match="DAPO's math rule") as info:
+            default_compute_score(source, "so\nAnswer: 42", "42")
+        assert "Did you mean" not in str(info.value) and "lighteval/MATH" in str(info.value)
 
 
 def test_unknown_data_source_lists_known_ones_and_suggests_the_close_one():

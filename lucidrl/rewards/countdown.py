@@ -37,7 +37,10 @@ def extract_answer(solution_str: str) -> str | None:
     """The text of the last <answer>...</answer>, stripped; None when there is none."""
     end = solution_str.rfind("</answer>")  # from the end: a regex rescans after every unclosed tag
     start = solution_str.rfind("<answer>", 0, end) if end >= 0 else -1
-    return solution_str[start + len("<answer>") : end].strip() if start >= 0 else None
+    if start < 0:
+        return None
+    end = solution_str.find("</answer>", start)  # its own closing tag: a stray later one is not the answer's
+    return solution_str[start + len("<answer>") : end].strip()
 
 
 def _value(node: ast.AST, used: list[int]) -> Fraction:

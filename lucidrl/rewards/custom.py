@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import math
 import os
 import sys
@@ -62,6 +63,17 @@ def load_custom_function(path: str, name: str) -> Callable[..., Any]:
             f"{type(fn).__name__}); point it at a function such as compute_score(data_source, "
             f"solution_str, ground_truth, extra_info=None)"
         )
+    try:  # called as verl's reward managers call it: by keyword (a positional call misassigns other orders)
+        inspect.signature(fn).bind(data_source="", solution_str="", ground_truth=None, extra_info=None)
+    except TypeError as e:
+        raise CustomFunctionError(
+            f"reward.custom_function {path}:{name}{inspect.signature(fn)} cannot be called as "
+            f"{name}(data_source=..., solution_str=..., ground_truth=..., extra_info=...), the keywords verl "
+            f"and lucidrl pass ({e}); name its parameters so (in any order; extra_info may default to None), "
+            "or take **kwargs"
+        ) from e
+    except ValueError:  # no signature to read (a builtin): the call says whether it fits
+        pass
     return fn
 
 

@@ -55,7 +55,12 @@ class RuleRewardManager:
         for i, text in enumerate(texts):
             ds = batch["data_source"][i]
             try:
-                raw = self.compute_score(ds, text, batch["ground_truth"][i], batch["extra_info"][i])
+                raw = self.compute_score(
+                    data_source=ds,
+                    solution_str=text,
+                    ground_truth=batch["ground_truth"][i],
+                    extra_info=batch["extra_info"][i],
+                )
             except Exception as e:
                 raise RewardFunctionError(
                     f"reward function {self.name} raised {type(e).__name__}: {e}\n"
