@@ -5,7 +5,9 @@ the K&K tokenizer), the same K&K prompts, n samples each at T=1, up to --max-new
 unset so each engine stops rows at eos as it would in training. Engines run one after the other in
 this process, the first call of each is warm-up (CUDA graphs, kernels) and not counted; printed:
 median seconds per batch, generated tokens/s and the ratio to transformers' generate, plus the peak
-GPU memory each engine held. vLLM is measured only when it imports and CUDA is there (`pip install
+GPU memory the HF engines allocated through PyTorch (vLLM allocates outside PyTorch's allocator in
+sleep mode: its row has no peak; its "in use" figures are the whole device's, from
+cudaMemGetInfo, the HF model and PyTorch's cache included). vLLM is measured only when it imports and CUDA is there (`pip install
 -c constraints.txt 'lucidrl[vllm]'`; vllm 0.32.0 pins torch 2.13.0), through lucidrl's own engine
 (`rollout.name=vllm`: weights pushed in memory, sleep between generations, its s/batch includes the
 push); it also checks that the pushed weights are the ones vLLM samples with (log-probs of its samples
@@ -101,18 +103,25 @@ def main() -> None:
             )
             results[name] = (secs, toks, peak)
             print(f"  {name}: {statistics.median(secs):.2f} s per batch", flush=True)
+        check = None
         try:
-            import vllm  # noqa: F401
+            # not `import vllm`: it loads its names lazily, so a vLLM built for another torch imports fine
+            # and fails only here (or when its compiled ops load)
+            from vllm import LLM, SamplingParams  # noqa: F401
 
             have_vllm = args.device.startswith("cuda")
-        except ImportError:
+            if not have_vllm:
+                print("  vllm: not measured (needs --device cuda)")
+        except Exception as e:  # noqa: BLE001 - an ImportError, or a torch/vLLM mismatch of any kind
             have_vllm = False
+            print(f"  vllm: not measured ({type(e).__name__}: {' '.join(str(e).split())[:300]})")
         if have_vllm:
-            check = vllm_engine_check(info, tok, model, batch, samples, args, dtype)
-            results["vllm"] = check.pop("timing")
-        else:
-            check = None
-            print("  vllm: not measured (needs `import vllm` to work and --device cuda)")
+            try:
+                check = vllm_engine_check(info, tok, model, batch, samples, args, dtype)
+                results["vllm"] = check.pop("timing")
+            except Exception as e:  # noqa: BLE001 - the other engines' table still prints
+                check = None
+                print(f"  vllm: failed: {type(e).__name__}: {' '.join(str(e).split())[:500]}")
 
     base = statistics.median(
         t / s for s, t in zip(results["transformers"][0], results["transformers"][1], strict=True)
@@ -127,8 +136,9 @@ def main() -> None:
             "\nlucidrl's vllm engine (rollout.name=vllm), weights pushed in memory from a perturbed HF model:\n"
             f"  sampled-token log-prob |vLLM - HF forward|: max {check['lp_max']:.4f}, mean {check['lp_mean']:.5f} "
             f"(the checkpoint vLLM loaded, before the push: mean {check['lp_mean_before']:.3f})\n"
-            f"  push {check['push_s']:.2f} s, generate (then sleep) {check['gen_s']:.2f} s, GPU memory in use "
-            f"while asleep {check['asleep_gib']:.2f} GiB (awake, weights and KV cache: {check['awake_gib']:.2f} GiB)"
+            f"  push {check['push_s']:.2f} s, generate (then sleep) {check['gen_s']:.2f} s, device memory in use "
+            f"(everything on the GPU, not vLLM alone) while it sleeps {check['asleep_gib']:.2f} GiB, awake with "
+            f"weights and KV cache {check['awake_gib']:.2f} GiB"
         )
 
 

@@ -144,6 +144,16 @@ def test_rollout_engine_config_errors_name_the_key():
         config_from_dict({**cuda, "rollout": {"name": "vllm", "vllm": {"gpu_memory_utilization": 1.5}}})
     with pytest.raises(ConfigError, match="max_model_len"):
         config_from_dict({**cuda, "rollout": {"name": "vllm", "vllm": {"max_model_len": 16}}})
+    # vLLM raises a temperature below 0.01 to 0.01 (off-policy against the actor's log-probs) and refuses
+    # one above 2 only at the first generate
+    for rollout in (
+        {"temperature": 0.005},
+        {"temperature": 2.5},
+        {"val_kwargs": {"do_sample": True, "temperature": 0.001}},
+    ):
+        with pytest.raises(ConfigError, match=r"samples at temperatures in \[0.01, 2\] only"):
+            config_from_dict({**cuda, "rollout": {"name": "vllm", **rollout}})
+    config_from_dict({**base, "rollout": {"temperature": 0.005}})  # the hf engine samples at any
     if importlib.util.find_spec("vllm") is None:  # not installed here: the loader says how to get it
         with pytest.raises(ConfigError, match=r"lucidrl\[vllm\]"):
             config_from_dict({**cuda, "rollout": {"name": "vllm"}})

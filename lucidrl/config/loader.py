@@ -497,6 +497,19 @@ def _validate_rl(cfg: LucidConfig) -> None:
             f"{r.val_kwargs.temperature} gives NaN probabilities), got {r.val_kwargs.temperature}; for greedy "
             "validation set rollout.val_kwargs.do_sample=false"
         )
+    if r.name == "vllm":
+        # vLLM raises a temperature in (0, 0.01) to 0.01 with a warning (the actor would compute log-probs
+        # at another temperature than the samples were drawn at) and refuses one above 2 at the first
+        # generate, after the model has loaded
+        temps = [("rollout.temperature", r.temperature)]
+        if r.val_kwargs.do_sample:
+            temps.append(("rollout.val_kwargs.temperature", r.val_kwargs.temperature))
+        for key, t in temps:
+            if not 0.01 <= t <= 2.0:
+                raise ConfigError(
+                    f"{key}={t}: rollout.name=vllm samples at temperatures in [0.01, 2] only (vLLM raises a "
+                    "lower one to 0.01, and refuses a higher one); use a value in that range, or rollout.name=hf"
+                )
     for key, v in (("rollout.top_p", r.top_p), ("rollout.val_kwargs.top_p", r.val_kwargs.top_p)):
         if not 0.0 < v <= 1.0:
             raise ConfigError(f"config key '{key}' must be in (0, 1], got {v}")

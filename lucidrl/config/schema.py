@@ -94,7 +94,8 @@ class RolloutConfig:
     # "transformers": model.generate (every copy of a prompt prefilled, finished rows kept)
     decode_loop: Literal["lucidrl", "transformers"] = "lucidrl"
     # generate each prompt's samples alone, from an RNG seeded by (trainer.seed, step, prompt): the same
-    # samples whatever the batching or the number of data-parallel ranks (slower: smaller generate calls)
+    # samples whatever the batching or the number of data-parallel ranks (slower: smaller generate calls);
+    # with rollout.name=vllm each request is seeded, but vLLM's numerics still depend on the batch
     deterministic: bool = False
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     server: ServerRolloutConfig = field(default_factory=ServerRolloutConfig)

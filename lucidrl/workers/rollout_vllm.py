@@ -106,16 +106,18 @@ class VLLMRollout:
         self.weights_awake = self.kv_awake = False
 
     def _wake(self, tag: str) -> None:
-        if tag == "weights" and not self.weights_awake:
-            self.llm.wake_up(tags=["weights"])
+        if (tag == "weights" and self.weights_awake) or (tag == "kv_cache" and self.kv_awake):
+            return
+        # blocks the training step freed stay in PyTorch's cache, out of reach of vLLM's allocator (sleep
+        # mode allocates outside it): hand them back before the weights and before the KV cache come back
+        # (verl empties the cache before both wake-ups too)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.llm.wake_up(tags=[tag])
+        if tag == "weights":
             self.weights_awake = True
-        elif tag == "kv_cache" and not self.kv_awake:
-            # blocks the training step freed stay in PyTorch's cache, out of vLLM's reach: hand them
-            # back before the KV cache is allocated again (verl does the same)
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            self.llm.wake_up(tags=["kv_cache"])
+        else:
             self.kv_awake = True
 
     def _vllm_model(self) -> Any:
