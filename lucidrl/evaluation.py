@@ -70,10 +70,14 @@ def _generate_and_score(
         per_sample["data_source"].extend(batch["data_source"])
         per_sample["n_people"].extend(info.get("n_people") for info in batch["extra_info"])
         per_sample["score"].extend(seq_scores)
-        # a reward without an "acc" metric scores accuracy itself; in a chunk mixing sources, the rows of
-        # such a source have NaN there (the manager fills keys other sources return), row by row
+        # a built-in rule without an "acc" metric scores accuracy itself (not a custom function: its score
+        # may be a format bonus or +-1); in a chunk mixing sources, the rows of such a source have NaN
+        # there (the manager fills keys other sources return), row by row
         accs = extras.get("acc", [float("nan")] * n)
-        per_sample["acc"].extend(s if math.isnan(a) else a for a, s in zip(accs, seq_scores, strict=True))
+        per_sample["acc"].extend(
+            s if math.isnan(a) and reward.score_is_accuracy else a
+            for a, s in zip(accs, seq_scores, strict=True)
+        )
         per_sample["format_ok"].extend(extras.get("format_ok", [float("nan")] * n))
         per_sample["trace_ok"].extend(extras.get("trace_ok", [float("nan")] * n))
         per_sample["length"].extend(float(x) for x in batch["response_mask"].sum(-1).tolist())
@@ -92,7 +96,10 @@ def _summarise(per_sample: dict[str, list[Any]], idx: list[int], n: int) -> dict
     return {
         "acc": _mean([acc[i] for i in idx]),
         "acc_by_people": {p: _mean([acc[i] for i in ids]) for p, ids in sorted(by_people.items())},
-        f"pass_at_{n}": _mean([float(any(a >= 1.0 for a in accs)) for accs in by_prompt.values()]),
+        # prompts whose samples have an accuracy (a custom reward without "acc" has none)
+        f"pass_at_{n}": _mean(
+            [float(any(a >= 1.0 for a in accs)) for accs in by_prompt.values() if any(a == a for a in accs)]
+        ),
         "format_ok": _mean([per_sample["format_ok"][i] for i in idx]),
         # K&K truth-table traces only: the share of traced responses whose every step is right
         "trace_ok": _mean([per_sample["trace_ok"][i] for i in idx]),

@@ -141,6 +141,8 @@ def test_a_source_without_an_acc_metric_keeps_its_score_as_accuracy_in_a_mixed_c
             return type("B", (dict,), {"__len__": lambda self: len(chunk)})(batch)
 
     class Reward:  # K&K returns "acc"; the GSM8K row gets NaN there, as the manager fills other keys
+        score_is_accuracy = True  # built-in rules
+
         def score(self, batch):
             return {"token_level_scores": torch.tensor([[0.0, 0.0, -0.5], [0.0, 0.0, 1.0]])}, {
                 "acc": [0.0, math.nan]
@@ -165,6 +167,8 @@ def test_a_custom_reward_function_and_prompt_column_are_used(kk_data, tiny_model
     reward.write_text(
         "def always(data_source, solution_str, ground_truth, extra_info):\n"
         "    return {'score': 0.5, 'acc': 1.0}\n"
+        "def no_acc(data_source, solution_str, ground_truth, extra_info):\n"
+        "    return {'score': 0.1, 'pred': 'none'}\n"
     )
     with pytest.raises(DatasetError, match="set --prompt-key to the prompt column"):
         evaluate(tiny_model["path"], [str(tmp_path / "q.parquet")], k=1, max_new_tokens=2, limit=2)
@@ -185,5 +189,16 @@ def test_a_custom_reward_function_and_prompt_column_are_used(kk_data, tiny_model
     assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["reward"] == f"{reward}:always" and saved["data_sources"]["kk_logic"]["greedy"]["acc"] == 1.0
+    # a custom score is not an accuracy (a format bonus here); its text extra is no metric
+    plain = evaluate(
+        tiny_model["path"],
+        [str(tmp_path / "q.parquet")],
+        k=1,
+        max_new_tokens=2,
+        limit=2,
+        prompt_key="question",
+        reward_function=f"{reward}:no_acc",
+    )["data_sources"]["kk_logic"]["greedy"]
+    assert plain["acc"] is None and plain["pass_at_1"] is None and plain["score"] == pytest.approx(0.1)
     builtin = evaluate(tiny_model["path"], [kk_data["val"]], k=1, max_new_tokens=2, limit=2)
     assert builtin["data_sources"]["kk_logic"]["greedy"]["acc"] == 0.0  # 2 tokens: never a right answer

@@ -87,6 +87,25 @@ def test_custom_functions_are_called_by_keyword_as_verl_calls_them(tmp_path, tin
         RuleRewardManager.from_config(tiny_tokenizer, str(f), "other_names")
 
 
+def test_text_extras_are_left_out_of_the_metrics_and_said_once(tmp_path, tiny_tokenizer, caplog):
+    """verl's math_dapo returns {"score", "acc", "pred": "<parsed answer>"}: a function returning it
+    stopped the run (RewardOutputError); the text is no metric, so it is left out, with one warning."""
+    f = tmp_path / "dapo_like.py"
+    f.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': 1.0, 'acc': True, 'pred': solution_str[-3:]}\n"
+    )
+    manager = RuleRewardManager.from_config(tiny_tokenizer, str(f), "compute_score")
+    assert manager.score_is_accuracy is False and RuleRewardManager(tiny_tokenizer).score_is_accuracy
+    batch = _batch(tiny_tokenizer, ["abc", "defg"], ["x", "y"], data_source="my_task")
+    with caplog.at_level("WARNING"):
+        out, extras = manager.score(batch)
+        manager.score(batch)
+    assert extras == {"acc": [1.0, 1.0]} and out["token_level_scores"].sum(-1).tolist() == [1.0, 1.0]
+    warned = [r.getMessage() for r in caplog.records if "'pred'" in r.getMessage()]
+    assert len(warned) == 1 and "not a metric" in warned[0]
+
+
 def test_unknown_data_source_is_an_error(tiny_tokenizer):
     batch = _batch(tiny_tokenizer, ["x"], ["1"], data_source="kk_logik")
     with pytest.raises(Exception, match="kk_logik.*kk_logic"):

@@ -692,15 +692,21 @@ def check_rewards(cfg: Any, samples: list) -> Check:
         # UnknownDataSourceError names the known data sources and the fix
         name = f"{fn_cfg.path}:{fn_cfg.name}" if custom else _qualname(get_reward_function(ds))
         try:
-            raw = compute(ds, "", s.ground_truth, s.extra_info)
+            raw = compute(
+                data_source=ds, solution_str="", ground_truth=s.ground_truth, extra_info=s.extra_info
+            )
         except Exception as exc:
             raise RewardFunctionError(
                 f"reward function {name} raised {type(exc).__name__}: {exc} on an empty response to "
                 f"{s.source} (data_source {ds!r}); a reward function has to score any text, malformed "
                 "responses included: return 0 or a penalty for them"
             ) from exc
-        value, _ = normalize_reward_output(raw, data_source=ds, index=0)
-        parts.append(f"{ds} ({counts[ds]} rows): {name}, an empty response scores {value:g}")
+        text: set[str] = set()
+        value, _ = normalize_reward_output(raw, data_source=ds, index=0, text_extras=text)
+        parts.append(
+            f"{ds} ({counts[ds]} rows): {name}, an empty response scores {value:g}"
+            + (f" (text extras, not metrics: {', '.join(sorted(text))})" if text else "")
+        )
     return Check("rewards", "ok", "; ".join(parts))
 
 

@@ -98,8 +98,15 @@ def _import_file(path: str) -> Any:
     return module
 
 
-def normalize_reward_output(value: Any, *, data_source: str, index: int) -> tuple[float, dict[str, float]]:
-    """(score, extra metrics) from a reward function's return value for sample `index` of `data_source`."""
+def normalize_reward_output(
+    value: Any, *, data_source: str, index: int, text_extras: set[str] | None = None
+) -> tuple[float, dict[str, float]]:
+    """(score, extra metrics) from a reward function's return value for sample `index` of `data_source`.
+
+    With `text_extras` (a set the caller keeps), an extra that is text or None (verl's math_dapo returns
+    its parsed answer as "pred") is not a metric: its key is added to the set and left out, for the
+    caller to say so. Without it, such an extra is an error.
+    """
     if isinstance(value, Mapping):
         if "score" not in value:
             raise _error(
@@ -112,6 +119,9 @@ def normalize_reward_output(value: Any, *, data_source: str, index: int) -> tupl
                 continue
             if not isinstance(key, str):
                 raise _error(value, data_source, index, f"extra metric key {key!r} is not a string")
+            if text_extras is not None and (metric is None or isinstance(metric, (str, bytes))):
+                text_extras.add(key)
+                continue
             # A boolean metric (e.g. "correct": True) is fine as 1.0/0.0; only the score must not be one.
             metric = float(metric) if _is_bool(metric) else metric
             extras[key] = _finite_float(metric, value, data_source, index, f"extra metric {key!r}")

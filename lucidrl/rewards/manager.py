@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,9 @@ from lucidrl.rewards.registry import default_compute_score
 ComputeScore = Callable[[str, str, Any, dict | None], Any]
 
 
+log = logging.getLogger(__name__)
+
+
 class RewardFunctionError(UserError, RuntimeError):
     """A reward function raised: which function, data_source and sample, with the original error."""
 
@@ -23,14 +27,16 @@ class RewardFunctionError(UserError, RuntimeError):
 class RuleRewardManager:
     """Decodes each response, calls `compute_score`, and puts the score on its last response token."""
 
-    score_is_accuracy = True  # without an "acc" extra, a rule's score is its accuracy (GSM8K's 0/1)
-
     def __init__(
         self, tokenizer, compute_score: ComputeScore | None = None, name: str = "default_compute_score"
     ):
         self.tokenizer = tokenizer
         self.compute_score = compute_score or default_compute_score
         self.name = name
+        self.text_extras: set[str] = set()  # extras returned as text (not metrics), announced once each
+        # a custom function's score may be a format bonus or +-1: only the built-in rules' 0/1 scores of
+        # sources without an "acc" metric are their accuracy (verl then reports the reward, as here)
+        self.score_is_accuracy = compute_score is None
 
     @classmethod
     def from_config(cls, tokenizer, path: str | None, name: str) -> RuleRewardManager:
@@ -67,7 +73,18 @@ class RuleRewardManager:
                     f"  data_source={ds!r}, sample {i}, response starts {text[:120]!r}\n"
                     f"  original traceback:\n{traceback.format_exc()}"
                 ) from e
-            value, extra = normalize_reward_output(raw, data_source=ds, index=i)
+            text: set[str] = set()
+            value, extra = normalize_reward_output(raw, data_source=ds, index=i, text_extras=text)
+            for key in text - self.text_extras:  # said once per key, not per sample
+                log.warning(
+                    "reward function %s returned %r=%r for data_source %r: text, not a number, so not a "
+                    "metric; left out of the metrics (numbers and booleans are averaged)",
+                    self.name,
+                    key,
+                    raw[key],
+                    ds,
+                )
+            self.text_extras |= text
             last = int(mask[i].sum().item()) - 1
             scores[i, max(last, 0)] = value
             for k, v in extra.items():

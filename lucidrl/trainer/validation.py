@@ -1,8 +1,8 @@
 """Validation: generate on held-out prompts, score, and report reward and accuracy per data source.
 
-Accuracy is the reward function's "acc" metric when it returns one (K&K does), else the rule's score
-itself (GSM8K-style 0/1 rewards); a reward model's score is never called accuracy. K&K samples also report accuracy per number of people, the table Logic-RL
-publishes.
+Accuracy is the reward function's "acc" metric when it returns one (K&K does), else a built-in rule's
+score itself (GSM8K-style 0/1 rewards); a custom function's or a reward model's score is never called
+accuracy. K&K samples also report accuracy per number of people, the table Logic-RL publishes.
 """
 
 from __future__ import annotations
