@@ -49,13 +49,27 @@ def test_gsm8k_sources_use_the_last_hash_answer(source):
     assert default_compute_score(source, "#### " + " " * 20000 + "x", "5") == 0.0
 
 
-def test_math_dapo_sources_are_refused_not_scored_by_another_rule():
-    """verl scores data_source 'math' (and math_dapo, aime*) with DAPO's 'Answer:' rule; lucidrl read
-    'math' as the boxed MATH rule, which scores 'Answer: 42' as 0."""
-    for source in ("math", "math_dapo", "aime2024"):
-        with pytest.raises(UnknownDataSourceError, match="DAPO's math rule") as info:
-            default_compute_score(source, "so\nAnswer: 42", "42")
-        assert "Did you mean" not in str(info.value) and "lighteval/MATH" in str(info.value)
+@pytest.mark.parametrize(
+    ("response", "truth", "score"),
+    [
+        ("48/2 = 24, so\nAnswer: 24", "24", 1.0),
+        ("Answer: $\\frac{1}{2}$", "\\frac12", 1.0),  # \frac12 written out
+        ("Answer: 5 dollars", "5", 1.0),  # unit words dropped
+        ("Answer: x = 3", "3", 1.0),  # after the last "="
+        ("Answer: 1,000", "1000", 1.0),  # a thousands separator in a plain number
+        ("answer:  \\boxed{7}", "7", 1.0),  # any case; a box around the answer
+        ("Answer: 3\nno wait\nAnswer: 41", "41", 1.0),  # the last one
+        ("Answer: 41", "42", -1.0),
+        ("Answer: 0.5", "\\frac{1}{2}", -1.0),  # no algebra, as in verl
+        ("the answer is 42", "42", -1.0),  # no "Answer:" line
+        ("Answer: 42" + " " * 400, "42", -1.0),  # outside the last 300 characters
+    ],
+)
+def test_verls_dapo_math_sources_use_the_answer_line_rule(response, truth, score):
+    """verl scores data_source math, math_dapo, math_dapo_reasoning and aime* with DAPO's rule; lucidrl
+    read 'math' as the boxed MATH rule (0/1 on \\boxed{}), so 'Answer: 42' scored 0."""
+    for source in ("math", "math_dapo", "math_dapo_reasoning", "aime2024"):
+        assert default_compute_score(source, response, truth) == {"score": score, "acc": float(score > 0)}
 
 
 def test_unknown_data_source_lists_known_ones_and_suggests_the_close_one():

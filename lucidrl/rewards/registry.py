@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from lucidrl.diagnostics.errors import UserError
-from lucidrl.rewards import countdown, gsm8k, kk, math
+from lucidrl.rewards import countdown, gsm8k, kk, math, math_dapo
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -32,12 +32,12 @@ REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "lighteval/MATH": math.compute_score,
     "DigitalLearningGmbH/MATH-lighteval": math.compute_score,
     "HuggingFaceH4/MATH-500": math.compute_score,
+    # verl's DAPO sources (and aime*): the last "Answer:" line, +-1; not the boxed rule above
+    "math": math_dapo.compute_score,
+    "math_dapo": math_dapo.compute_score,
+    "math_dapo_reasoning": math_dapo.compute_score,
     "countdown": countdown.compute_score,  # TinyZero's
 }
-
-
-# verl's default_compute_score sends these (and aime*) to its math_dapo rule
-DAPO_MATH_SOURCES = ("math", "math_dapo", "math_dapo_reasoning")
 
 
 def known_data_sources() -> list[str]:
@@ -50,14 +50,8 @@ def get_reward_function(data_source: str) -> Callable[..., Any]:
     fn = REWARD_FUNCTIONS.get(data_source)
     if fn is not None:
         return fn
-    if data_source in DAPO_MATH_SOURCES or str(data_source).startswith("aime"):
-        raise UnknownDataSourceError(
-            f"no reward function for data_source {data_source!r}: verl scores it with DAPO's math rule (the "
-            "last 'Answer: ...' line, Minerva-normalized, +1 right and -1 wrong), which lucidrl does not "
-            "implement yet (until this release lucidrl read 'math' as the boxed-answer MATH rule, which "
-            "scores the same responses otherwise). For boxed answers use data_source 'lighteval/MATH'; for "
-            "DAPO's rule set reward.custom_function.path and .name to your own function."
-        )
+    if str(data_source).startswith("aime"):  # verl's prefix rule: aime2024, aime2025, ...
+        return math_dapo.compute_score
     known = known_data_sources()
     close = difflib.get_close_matches(str(data_source), known, n=1, cutoff=0.5)
     hint = f" Did you mean {close[0]!r}?" if close else ""
