@@ -186,6 +186,15 @@ def test_saving_a_step_again_never_leaves_latest_naming_a_missing_folder(tmp_pat
     monkeypatch.setattr(os, "rename", rename)
     path = checkpoint.latest_checkpoint(tmp_path)
     assert path == root / "global_step_4" and "first" in (path / "trainer_state.json").read_text()
+    # a first save killed after its rename, before `latest` was written: the complete folder is found
+    fresh = tmp_path / "fresh"
+    five = checkpoint.begin(fresh, 5)
+    (five / "trainer_state.json").write_text("{}")
+    checkpoint.commit(five, keep=None)
+    (checkpoint.checkpoints_dir(fresh) / "latest").unlink()
+    (checkpoint.begin(fresh, 6) / "actor").mkdir()  # and a save that died half-way
+    assert checkpoint.latest_checkpoint(fresh) == checkpoint.checkpoints_dir(fresh) / "global_step_5"
+    assert (checkpoint.checkpoints_dir(fresh) / "latest").read_text().strip() == "global_step_5"
     third = checkpoint.begin(tmp_path, 4)
     (third / "trainer_state.json").write_text('{"which": "third"}')
     checkpoint.commit(third, keep=1)

@@ -92,7 +92,24 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     root = checkpoints_dir(run_dir)
     pointer = root / LATEST
     if not pointer.is_file():
-        return None
+        # a first save killed between renaming its folder into place and writing `latest`: the folder is
+        # complete (it is renamed only then), so it is the latest
+        complete = [
+            p
+            for p in root.glob(PREFIX + "*")
+            if p.name.removeprefix(PREFIX).isdigit() and (p / STATE).is_file()
+        ]
+        if not complete:
+            return None
+        newest = max(complete, key=_step_of)
+        log.warning(
+            "%s: no %s pointer; %s is the newest complete checkpoint, pointing it there",
+            root,
+            LATEST,
+            newest.name,
+        )
+        point_latest(newest)
+        return newest
     path = root / pointer.read_text().strip()
     replaced = path.with_name(path.name + ".old")
     if not path.exists() and (replaced / STATE).is_file():
