@@ -141,6 +141,15 @@ def test_ray_group_dispatches_across_processes_and_reduces(probe_group):
 
 
 @pytest.mark.slow
+def test_a_group_the_cluster_cannot_place_names_its_size_and_the_cluster(ray_cluster):
+    from lucidrl.controller.worker_group import RayWorkerGroup
+
+    with pytest.raises(RuntimeError, match=r"could not place 1 node\(s\) x \{'CPU': 200\}") as info:
+        RayWorkerGroup(ProbeWorker, "too-big", world_size=2, cpus_per_rank=100, ready_timeout_s=1)
+    assert "trainer.ray_address=auto" in str(info.value)  # a run may have started Ray of its own here
+
+
+@pytest.mark.slow
 def test_unpicklable_worker_exception_arrives_with_type_message_and_traceback(probe_group):
     with pytest.raises(RemoteWorkerError) as info:
         probe_group.fail("raise")

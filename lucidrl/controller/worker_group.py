@@ -162,7 +162,9 @@ class RayWorkerGroup(WorkerGroup):
             raise RuntimeError(
                 f"role {role}: Ray could not place {nodes} node(s) x {bundle} within {ready_timeout_s:.0f}s; "
                 f"the cluster has {ray.cluster_resources()} — lower the placement's nodes x devices_per_node "
-                f"or trainer.cpus_per_rank, or add nodes"
+                f"or trainer.cpus_per_rank, or add nodes (a run without trainer.ray_address or RAY_ADDRESS starts "
+                f"a Ray instance of its own on this host: for a cluster started with `ray start`, set "
+                f"trainer.ray_address=auto or HOST:PORT)"
             ) from None
         host_cls = ray.remote(_RankHost)
         self.hosts = [
