@@ -100,12 +100,35 @@ def test_a_lora_run_resumes_where_an_uninterrupted_one_ends(tmp_path, kk_data, t
         (["model.lora_rank=8", "rollout.name=vllm"], "generates with the hf engine for now"),
         (["model.lora_rank=8", "trainer.backend=ray"], "trainer.strategy=ddp"),
         (["model.lora_rank=8", "model.target_modules=[]"], "model.target_modules is empty"),
+        (["model.lora_rank=8", "model.target_modules=[all-linear,q_proj]"], "'all-linear' stands alone"),
         (["model.lora_rank=8", "model.lora_dropout=1.5"], r"model.lora_dropout=1.5 in \[0, 1\)"),
     ],
 )
 def test_lora_settings_it_cannot_honour_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["model.path=/m", "data.train_files=[/t]", *overrides])
+
+
+def test_target_modules_that_match_nothing_or_share_a_tied_weight_are_refused(tiny_model):
+    """peft drops a name that matches nothing when another one matches ([q_proj, nonexistent] adapted
+    q_proj alone); an adapter on a tied lm_head, merged, changed the input embedding too (the saved
+    model's logits were up to 24 away from the trained one's)."""
+    from types import SimpleNamespace
+
+    from lucidrl.models import load_model
+    from lucidrl.models.lora import apply_lora
+
+    def lora(*targets):
+        m = SimpleNamespace(lora_rank=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(targets))
+        return apply_lora(load_model(tiny_model["path"]), m)
+
+    assert load_model(tiny_model["path"]).config.tie_word_embeddings
+    with pytest.raises(ConfigError, match=r"\['nonexistent'\] match no module of the model"):
+        lora("q_proj", "nonexistent")
+    with pytest.raises(ConfigError, match=r"\['lm_head'\] share one weight \(tie_word_embeddings=true\)"):
+        lora("q_proj", "lm_head")
+    adapted = {n.rsplit(".", 1)[-1] for n in lora("q_proj", "v_proj").targeted_module_names}
+    assert adapted == {"q_proj", "v_proj"}
 
 
 def test_sft_refuses_lora_rather_than_training_every_weight():

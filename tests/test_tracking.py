@@ -137,7 +137,8 @@ def test_a_run_that_raises_is_marked_failed_and_the_next_one_gets_its_own_run(tm
         ("val//acc", "val/acc"),
         ("/x/", "x"),
         ("a/../b", "b"),
-        ("r@k", "r_k"),
+        ("r@k", "r_at_k"),  # as verl writes mean@4; "_" made pass@k and pass#k one series
+        ("pass#k", "pass_k"),
         ("/", "_"),
     ],
 )
@@ -145,3 +146,53 @@ def test_metric_names_mlflow_would_refuse_are_made_acceptable(key, name):
     from lucidrl.trainer.tracking import mlflow_metric_name
 
     assert mlflow_metric_name(key) == name
+
+
+def test_a_deleted_mlflow_run_or_a_failing_tracker_start_does_not_strand_the_run(
+    tmp_path, trackers_offline, caplog, monkeypatch
+):
+    """Resuming into a deleted MLflow run crashed (a deleted run is still found, and refuses RUNNING); a
+    tracker that failed to start left the ones before it open (the W&B run never finished)."""
+    import json as json_module
+
+    from mlflow.tracking import MlflowClient
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with Tracker(["jsonl", "mlflow"], run_dir, project="p", experiment="e") as tracker:
+        tracker.log({"x": 1.0, "inf": float("inf"), "nan": float("nan")}, step=1)
+    first = json_module.loads((run_dir / IDS_FILE).read_text())["mlflow"]
+    line = (run_dir / "metrics.jsonl").read_text().splitlines()[0]
+    assert json_module.loads(line, parse_constant=lambda c: pytest.fail(c)) == {
+        "step": 1,
+        "x": 1.0,
+        "inf": None,
+        "nan": None,
+    }  # fmt: skip  (strict JSON: Infinity was written bare)
+    MlflowClient().delete_run(first)
+    with caplog.at_level("WARNING"):
+        with Tracker(["mlflow"], run_dir, project="p", experiment="e", resumed_step=1) as tracker:
+            second = tracker.external[0].run_id
+    assert second != first and "is deleted: logging to a new run" in caplog.text
+    # wandb starts, then mlflow fails: the wandb run is finished (failed), not left open
+    import lucidrl.trainer.tracking as tracking
+
+    opened = []
+
+    class Recording(tracking._Wandb):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            opened.append(self)
+
+    def store_down(*a, **k):
+        raise ConnectionError("tracking store down")
+
+    monkeypatch.setattr(tracking, "_Wandb", Recording)
+    monkeypatch.setattr(tracking, "_MLflow", store_down)
+    (tmp_path / "other").mkdir()
+    with pytest.raises(ConnectionError, match="store down"):
+        Tracker(["jsonl", "wandb", "mlflow"], tmp_path / "other", project="p", experiment="x")
+    assert len(opened) == 1 and opened[0].run._is_finished
+    assert "wandb" in json_module.loads(
+        (tmp_path / "other" / IDS_FILE).read_text()
+    )  # kept for the next start

@@ -417,6 +417,11 @@ def _validate_lora(cfg: LucidConfig) -> None:
         )
     if not m.target_modules:
         raise ConfigError("model.target_modules is empty: name the modules to adapt, or [all-linear]")
+    if "all-linear" in m.target_modules and len(m.target_modules) > 1:
+        raise ConfigError(
+            f"model.target_modules={list(m.target_modules)}: 'all-linear' stands alone (peft reads it only as "
+            "the whole list; beside other names it matches nothing, and only those names would be adapted)"
+        )
     if m.lora_alpha <= 0 or not 0.0 <= m.lora_dropout < 1.0:
         raise ConfigError(
             f"model.lora_alpha={m.lora_alpha} must be > 0 and model.lora_dropout={m.lora_dropout} in [0, 1)"

@@ -41,7 +41,17 @@ def apply_lora(model: torch.nn.Module, m: Any) -> torch.nn.Module:
     """`model` with LoRA adapters of rank m.lora_rank on m.target_modules; m: config.schema.ModelConfig."""
     from peft import LoraConfig, get_peft_model
 
-    targets = m.target_modules
+    from lucidrl.config import ConfigError
+
+    targets = list(m.target_modules)  # "all-linear" alone or not at all: the config loader checks it
+    tied = model.config.tie_word_embeddings if hasattr(model.config, "tie_word_embeddings") else False
+    shared = [t for t in targets if t in ("lm_head", "embed_tokens")]
+    if tied and shared:
+        raise ConfigError(
+            f"model.target_modules={targets}: {shared} share one weight (tie_word_embeddings=true); merging an "
+            "adapter on one changes the other too, so the saved model would differ from the trained one. "
+            "Leave them out (all-linear does)"
+        )
     config = LoraConfig(
         r=m.lora_rank,
         lora_alpha=m.lora_alpha,
@@ -51,11 +61,21 @@ def apply_lora(model: torch.nn.Module, m: Any) -> torch.nn.Module:
     )
     try:
         with quiet_peft():
-            return get_peft_model(model, config)
+            wrapped = get_peft_model(model, config)
     except ValueError as e:
         if "not found" not in str(e):  # peft: "Target modules {...} not found in the base model"
             raise
-        raise ValueError(f"model.target_modules={targets}: {e}") from e
+        raise ConfigError(f"model.target_modules={targets}: {e}") from e
+    if targets != ["all-linear"]:
+        # peft raises only when no name matches: one that matches nothing beside others is dropped
+        adapted = {name.rsplit(".", 1)[-1] for name in wrapped.targeted_module_names}
+        unmatched = [t for t in targets if t not in adapted and not any(a.endswith(t) for a in adapted)]
+        if unmatched:
+            raise ConfigError(
+                f"model.target_modules={targets}: {unmatched} match no module of the model (adapted: "
+                f"{sorted(adapted)}); fix or remove them"
+            )
+    return wrapped
 
 
 def merged(model: torch.nn.Module) -> torch.nn.Module:

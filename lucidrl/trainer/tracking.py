@@ -102,8 +102,9 @@ _MLFLOW_NAME = re.compile(r"[^\w\-. :/]")
 
 
 def mlflow_metric_name(key: str) -> str:
-    """`key` as a name MLflow accepts ("val//acc" -> "val/acc", "a/../b" -> "b")."""
-    name = posixpath.normpath(_MLFLOW_NAME.sub("_", key)).strip("/")
+    """`key` as a name MLflow accepts ("val//acc" -> "val/acc", "a/../b" -> "b"; "@" is "_at_", as verl
+    writes it, so mean@4 does not become the name of another metric)."""
+    name = posixpath.normpath(_MLFLOW_NAME.sub("_", key.replace("@", "_at_"))).strip("/")
     return name if name not in ("", ".", "..") else "_"
 
 
@@ -119,18 +120,26 @@ class _MLflow:
         run_id = ids.get("mlflow")
         if run_id is not None:
             try:
-                client.get_run(run_id)
+                stage = client.get_run(run_id).info.lifecycle_stage
             except MlflowException as exc:
+                stage = f"not in the store ({exc.error_code})"
+            if stage != "active":  # a deleted run is still found, and refuses to be set RUNNING again
                 log.warning(
-                    "MLflow run %s (RUN_DIR/%s) is not in the tracking store %s (%s): logging to a new run",
+                    "MLflow run %s (RUN_DIR/%s) in the tracking store %s is %s: logging to a new run",
                     run_id,
                     IDS_FILE,
                     client.tracking_uri,
-                    exc.error_code,
+                    stage,
                 )
                 run_id = None
         if run_id is None:
             found = client.get_experiment_by_name(project)
+            if found is not None and found.lifecycle_stage == "deleted":
+                raise RuntimeError(
+                    f"MLflow experiment {project!r} (trainer.project_name) is deleted in {client.tracking_uri}: "
+                    "restore it (mlflow experiments restore), delete it for good (mlflow gc), or set another "
+                    "trainer.project_name"
+                )
             experiment_id = found.experiment_id if found else client.create_experiment(project)
             run_id = client.create_run(experiment_id, run_name=experiment).info.run_id
             if config is not None:
@@ -141,11 +150,23 @@ class _MLflow:
             client.update_run(run_id, status="RUNNING")
         self.run_id = ids["mlflow"] = run_id
         self.where = f"MLflow run {run_id} at {client.tracking_uri}"
+        self.collisions: set[tuple[str, str]] = set()  # metric pairs sharing a name, warned once
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
+        names: dict[str, str] = {}
+        for key in metrics:
+            name = mlflow_metric_name(key)
+            if names.setdefault(name, key) != key and (names[name], key) not in self.collisions:
+                self.collisions.add((names[name], key))
+                log.warning(
+                    "metrics %r and %r have one MLflow name %r: MLflow holds both values under it",
+                    names[name],
+                    key,
+                    name,
+                )
         batch = [Metric(mlflow_metric_name(k), v, now, step) for k, v in metrics.items()]
         for start in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics a call
             self.client.log_batch(self.run_id, metrics=batch[start : start + 1000])
@@ -185,12 +206,20 @@ class Tracker:
         resuming = resumed_step is not None
         ids = json.loads(ids_path.read_text()) if resuming and ids_path.is_file() else {}
         self.external: list[Any] = []
-        if "tensorboard" in backends:
-            self.external.append(_TensorBoard(Path(run_dir), resumed_step))
-        if "wandb" in backends:
-            self.external.append(_Wandb(Path(run_dir), ids, project, experiment, config))
-        if "mlflow" in backends:
-            self.external.append(_MLflow(ids, project, experiment, config))
+        try:
+            if "tensorboard" in backends:
+                self.external.append(_TensorBoard(Path(run_dir), resumed_step))
+            if "wandb" in backends:
+                self.external.append(_Wandb(Path(run_dir), ids, project, experiment, config))
+            if "mlflow" in backends:
+                self.external.append(_MLflow(ids, project, experiment, config))
+        except BaseException:
+            # one that fails to start leaves no other open: the W&B run marked failed, files closed, and
+            # the ids of the runs already created kept for the next start to continue
+            if ids:
+                ids_path.write_text(json.dumps(ids, indent=2) + "\n")
+            self.close(failed=True)
+            raise
         if ids:
             ids_path.write_text(json.dumps(ids, indent=2) + "\n")
         for tracker in self.external:
@@ -216,7 +245,11 @@ class Tracker:
         if self.jsonl is not None:
             record = {
                 "step": step,
-                **{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()},
+                # strict JSON has no NaN or infinity: both are null (the other backends get the numbers)
+                **{
+                    k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                    for k, v in metrics.items()
+                },
             }
             self.jsonl.write(json.dumps(record) + "\n")
             self.jsonl.flush()
