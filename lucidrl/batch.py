@@ -184,10 +184,8 @@ class Batch:
         return "\n".join(parts)
 
 
-LEFT_PADDED = (
-    "prompts",
-    "prompt_mask",
-)  # prompts are left-padded; everything else per sample is right-padded
+# prompts are left-padded; everything else per sample is right-padded
+LEFT_PADDED = ("prompts", "prompt_mask")
 TOKEN_FIELDS = ("prompts", "responses", "input_ids")  # padded with the pad token id, every other field with 0
 
 

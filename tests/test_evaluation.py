@@ -159,7 +159,6 @@ def test_a_source_without_an_acc_metric_keeps_its_score_as_accuracy_in_a_mixed_c
 def test_a_custom_reward_function_and_prompt_column_are_used(kk_data, tiny_model, tmp_path):
     """eval always scored with the built-in rule of each row's data_source and read the 'prompt' column:
     a model trained with reward.custom_function or data.prompt_key could not be evaluated as trained."""
-
     table = pq.read_table(kk_data["val"])
     renamed = table.rename_columns(["question" if c == "prompt" else c for c in table.column_names])
     pq.write_table(renamed, tmp_path / "q.parquet")
@@ -172,15 +171,19 @@ def test_a_custom_reward_function_and_prompt_column_are_used(kk_data, tiny_model
     )
     with pytest.raises(DatasetError, match="set --prompt-key to the prompt column"):
         evaluate(tiny_model["path"], [str(tmp_path / "q.parquet")], k=1, max_new_tokens=2, limit=2)
-    out = evaluate(
-        tiny_model["path"],
-        [str(tmp_path / "q.parquet")],
-        k=1,
-        max_new_tokens=2,
-        limit=2,
-        prompt_key="question",
-        reward_function=f"{reward}:always",
-    )
+
+    def with_reward(name):
+        return evaluate(
+            tiny_model["path"],
+            [str(tmp_path / "q.parquet")],
+            k=1,
+            max_new_tokens=2,
+            limit=2,
+            prompt_key="question",
+            reward_function=f"{reward}:{name}",
+        )
+
+    out = with_reward("always")
     entry = out["data_sources"]["kk_logic"]
     assert entry["greedy"]["acc"] == entry["sampled"]["acc"] == 1.0 and entry["greedy"]["score"] == 0.5
     assert out["reward"] == f"{reward}:always"
@@ -190,15 +193,7 @@ def test_a_custom_reward_function_and_prompt_column_are_used(kk_data, tiny_model
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["reward"] == f"{reward}:always" and saved["data_sources"]["kk_logic"]["greedy"]["acc"] == 1.0
     # a custom score is not an accuracy (a format bonus here); its text extra is no metric
-    plain = evaluate(
-        tiny_model["path"],
-        [str(tmp_path / "q.parquet")],
-        k=1,
-        max_new_tokens=2,
-        limit=2,
-        prompt_key="question",
-        reward_function=f"{reward}:no_acc",
-    )["data_sources"]["kk_logic"]["greedy"]
+    plain = with_reward("no_acc")["data_sources"]["kk_logic"]["greedy"]
     assert plain["acc"] is None and plain["pass_at_1"] is None and plain["score"] == pytest.approx(0.1)
     builtin = evaluate(tiny_model["path"], [kk_data["val"]], k=1, max_new_tokens=2, limit=2)
     assert builtin["data_sources"]["kk_logic"]["greedy"]["acc"] == 0.0  # 2 tokens: never a right answer

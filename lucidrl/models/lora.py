@@ -44,7 +44,7 @@ def apply_lora(model: torch.nn.Module, m: Any) -> torch.nn.Module:
     from lucidrl.config import ConfigError
 
     targets = list(m.target_modules)  # "all-linear" alone or not at all: the config loader checks it
-    tied = model.config.tie_word_embeddings if hasattr(model.config, "tie_word_embeddings") else False
+    tied = getattr(model.config, "tie_word_embeddings", False)
     shared = [t for t in targets if t in ("lm_head", "embed_tokens")]
     if tied and shared:
         raise ConfigError(
@@ -68,8 +68,11 @@ def apply_lora(model: torch.nn.Module, m: Any) -> torch.nn.Module:
         raise ConfigError(f"model.target_modules={targets}: {e}") from e
     if targets != ["all-linear"]:
         # peft raises only when no name matches: one that matches nothing beside others is dropped
-        adapted = {name.rsplit(".", 1)[-1] for name in wrapped.targeted_module_names}
-        unmatched = [t for t in targets if t not in adapted and not any(a.endswith(t) for a in adapted)]
+        names = wrapped.targeted_module_names
+        unmatched = [
+            t for t in targets if not any(n == t or n.endswith("." + t) for n in names)
+        ]  # peft's rule
+        adapted = {n.rsplit(".", 1)[-1] for n in names}
         if unmatched:
             raise ConfigError(
                 f"model.target_modules={targets}: {unmatched} match no module of the model (adapted: "

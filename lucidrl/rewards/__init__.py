@@ -1,4 +1,5 @@
-"""Rule rewards (Knights & Knaves, GSM8K, MATH, DAPO math, Countdown), dispatch by data_source, and user-supplied reward functions."""
+"""Rule rewards (Knights & Knaves, GSM8K, MATH, DAPO math, Countdown), dispatch by data_source, and
+user-supplied reward functions."""
 
 from lucidrl.rewards.custom import (
     CustomFunctionError,

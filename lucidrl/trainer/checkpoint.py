@@ -94,11 +94,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     if not pointer.is_file():
         # a first save killed between renaming its folder into place and writing `latest`: the folder is
         # complete (it is renamed only then), so it is the latest
-        complete = [
-            p
-            for p in root.glob(PREFIX + "*")
-            if p.name.removeprefix(PREFIX).isdigit() and (p / STATE).is_file()
-        ]
+        complete = [p for p in _step_folders(root) if (p / STATE).is_file()]
         if not complete:
             return None
         newest = max(complete, key=_step_of)
@@ -221,14 +217,17 @@ def commit(tmp: Path, keep: int | None) -> Path:
         # the newest `keep` up to this one; later steps are an abandoned continuation (a resume from
         # an earlier checkpoint retrains them), so they go too
         step = _step_of(final)
-        others = [
-            p for p in final.parent.glob(PREFIX + "*") if p.is_dir() and p.name.removeprefix(PREFIX).isdigit()
-        ]
+        others = _step_folders(final.parent)
         earlier = sorted((p for p in others if _step_of(p) < step), key=_step_of)
         later = [p for p in others if _step_of(p) > step]
         for old in earlier[: max(0, len(earlier) - (keep - 1))] + later:
             shutil.rmtree(old)
     return final
+
+
+def _step_folders(root: Path) -> list[Path]:
+    """The global_step_N folders in `root` (not .tmp or .old ones)."""
+    return [p for p in root.glob(PREFIX + "*") if p.is_dir() and p.name.removeprefix(PREFIX).isdigit()]
 
 
 def _step_of(path: Path) -> int:

@@ -177,9 +177,7 @@ class PPOTrainer:
                 )
                 + (
                     " (the adaptive KL coefficient starts afresh: algorithm.kl_ctrl changed)"
-                    if self.kl_ctrl is not None
-                    and self.cfg.algorithm.kl_ctrl.type == "adaptive"
-                    and not self._kl_coef_restored()
+                    if self._adaptive_kl() and self._kl_ctrl_changed()
                     else ""
                 )
                 + (f"; changed since: {_changes(self.resume_changes)}" if self.resume_changes else "")
@@ -343,7 +341,9 @@ class PPOTrainer:
         self.global_step = state["global_step"]
         self.batches_drawn = state["batches_drawn"]
         self.collector.rounds = state["generation_rounds"]
-        if self._kl_coef_restored() and state["kl_coef"] is not None:
+        # an adaptive coefficient continues from the saved value unless algorithm.kl_ctrl changed; a fixed
+        # one is the config's (a new algorithm.kl_ctrl.kl_coef takes effect, as in verl)
+        if self._adaptive_kl() and not self._kl_ctrl_changed() and state["kl_coef"] is not None:
             self.kl_ctrl.value = state["kl_coef"]
         if not any(k.startswith("trainer.collapse.") for k in self.resume_changes):
             self.monitor.load_state_dict(state["collapse_monitor"])  # else its windows mean other things
@@ -351,14 +351,11 @@ class PPOTrainer:
         self.healthy_step = self.global_step  # keep_last_healthy's snapshot starts from the resumed weights
         checkpoint.continue_from(self.run_dir, path, self.global_step)
 
-    def _kl_coef_restored(self) -> bool:
-        """An adaptive KL coefficient continues from the checkpoint's value unless algorithm.kl_ctrl changed;
-        a fixed one is the config's (a new algorithm.kl_ctrl.kl_coef takes effect, as in verl)."""
-        return (
-            self.kl_ctrl is not None
-            and self.cfg.algorithm.kl_ctrl.type == "adaptive"
-            and not any(k.startswith("algorithm.kl_ctrl.") for k in self.resume_changes)
-        )
+    def _adaptive_kl(self) -> bool:
+        return self.kl_ctrl is not None and self.cfg.algorithm.kl_ctrl.type == "adaptive"
+
+    def _kl_ctrl_changed(self) -> bool:
+        return any(k.startswith("algorithm.kl_ctrl.") for k in self.resume_changes)
 
     def save_model(self, path: Path) -> None:
         """A HuggingFace model folder (safetensors + tokenizer) loadable by from_pretrained."""

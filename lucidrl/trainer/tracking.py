@@ -156,18 +156,19 @@ class _MLflow:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        names: dict[str, str] = {}
-        for key in metrics:
+        first: dict[str, str] = {}  # MLflow name -> the first metric logged under it this step
+        batch = []
+        for key, value in metrics.items():
             name = mlflow_metric_name(key)
-            if names.setdefault(name, key) != key and (names[name], key) not in self.collisions:
-                self.collisions.add((names[name], key))
+            if first.setdefault(name, key) != key and (first[name], key) not in self.collisions:
+                self.collisions.add((first[name], key))
                 log.warning(
                     "metrics %r and %r have one MLflow name %r: MLflow holds both values under it",
-                    names[name],
+                    first[name],
                     key,
                     name,
                 )
-        batch = [Metric(mlflow_metric_name(k), v, now, step) for k, v in metrics.items()]
+            batch.append(Metric(name, value, now, step))
         for start in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics a call
             self.client.log_batch(self.run_id, metrics=batch[start : start + 1000])
 
