@@ -31,6 +31,18 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def stopping_model(tiny_model, tmp_path_factory):
+    """The tiny model with every third token id an eos id: sampled responses end early, at different
+    lengths, so ranks' rollouts differ in width (helpers.make_stopping_model)."""
+    from helpers import make_stopping_model
+
+    return {
+        **tiny_model,
+        "path": make_stopping_model(tiny_model["path"], tmp_path_factory.mktemp("stopping") / "m"),
+    }
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model):
     from lucidrl.models import load_tokenizer
 

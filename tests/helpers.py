@@ -99,3 +99,25 @@ def lucidrl_train(args: list[str], timeout: int = 600) -> None:
         timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def make_stopping_model(src: str, dst, every: int = 3) -> str:
+    """A copy of the tiny model at `src` whose generation config lists every `every`-th token id as an
+    eos id too (as Qwen2.5's lists two), so sampled responses end after a few tokens and at different
+    lengths. A random tiny model never samples its one eos within 10 tokens, and tests that always run
+    to the length limit cannot see what differs between ranks whose responses end early. Returns the
+    copy's path; its weights are the original's."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, "generation_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(os.path.join(dst, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    first = config["eos_token_id"]
+    # ids 0-2 are the special tokens (pad, <|im_start|>, <|im_end|>)
+    config["eos_token_id"] = [first, *(i for i in range(3, vocab, every) if i != first)]
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+    return str(dst)

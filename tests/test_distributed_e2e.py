@@ -1,5 +1,7 @@
 """The same 2-step training in-process and on Ray with 2 CPU ranks (FSDP2 and DDP over gloo), and across
-two Ray node processes on loopback joined through trainer.ray_address."""
+two Ray node processes on loopback joined through trainer.ray_address. The model stops early
+(conftest.py::stopping_model), so each rank's responses end at lengths of their own: merging ranks
+whose rollouts differ in width crashed every multi-rank run once, unseen while tests ran to the limit."""
 
 import json
 import os
@@ -15,12 +17,12 @@ WEIGHT_TOL = 5e-5
 LOSS_TOL = 1e-6
 
 
-def _train(tmp_path, kk_data, tiny_model, name, *extra):
+def _train(tmp_path, kk_data, model, name, *extra):
     reward = tmp_path / "reward.py"
     reward.write_text(TOY_REWARD)
     run = tmp_path / name
     args = [
-        f"model.path={tiny_model['path']}",
+        f"model.path={model['path']}",
         f"data.train_files=[{kk_data['train']}]",
         "data.val_files=[]",
         "data.max_prompt_length=1024",
@@ -41,6 +43,8 @@ def _train(tmp_path, kk_data, tiny_model, name, *extra):
     ]
     lucidrl_train(args)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # responses end early and at different lengths, so ranks' rollouts differ in width (conftest.py)
+    assert all(r["response_length/min"] < r["response_length/max"] < 10 for r in records), records
     return records, load_file(run / "final" / "model.safetensors")
 
 
@@ -49,7 +53,8 @@ def _compare(a, b):
     for x, y in zip(ra, rb, strict=True):
         for key in ("actor/pg_loss", "actor/kl_loss", "critic/score/mean"):
             assert abs(x[key] - y[key]) <= LOSS_TOL, (key, x[key], y[key])
-        assert abs(x["actor/grad_norm"] - y["actor/grad_norm"]) <= 1e-4 * x["actor/grad_norm"]
+        for key in ("actor/grad_norm", "actor/entropy", "actor/pg_clipfrac"):  # a rank's share, averaged
+            assert abs(x[key] - y[key]) <= 1e-5 * max(abs(x[key]), 1e-2), (key, x[key], y[key])
     assert sorted(wa) == sorted(wb)
     diff = max((wa[k] - wb[k]).abs().max().item() for k in wa)
     assert diff <= WEIGHT_TOL, diff
@@ -57,24 +62,24 @@ def _compare(a, b):
 
 
 @pytest.fixture(scope="module")
-def local_run(tmp_path_factory, kk_data, tiny_model):
-    return _train(tmp_path_factory.mktemp("local"), kk_data, tiny_model, "local")
+def local_run(tmp_path_factory, kk_data, stopping_model):
+    return _train(tmp_path_factory.mktemp("local"), kk_data, stopping_model, "local")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
-def test_ray_two_ranks_match_local(strategy, local_run, tmp_path, kk_data, tiny_model, ray_head):
+def test_ray_two_ranks_match_local(strategy, local_run, tmp_path, kk_data, stopping_model, ray_head):
     ray_run = _train(
         tmp_path,
         kk_data,
-        tiny_model,
+        stopping_model,
         strategy,
         "trainer.backend=ray",
         f"trainer.ray_address={ray_head}",
         f"trainer.strategy={strategy}",
         "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
     )
-    start = load_file(f"{tiny_model['path']}/model.safetensors")
+    start = load_file(f"{stopping_model['path']}/model.safetensors")
     moved = max((local_run[1][k] - start[k]).abs().max().item() for k in start)
     diff = _compare(local_run, ray_run)
     assert moved > 20 * diff  # the runs trained, and agree far more closely than they moved
@@ -82,7 +87,7 @@ def test_ray_two_ranks_match_local(strategy, local_run, tmp_path, kk_data, tiny_
 
 @pytest.mark.slow
 def test_fsdp2_on_ray_stopped_and_resumed_matches_the_uninterrupted_local_run(
-    local_run, tmp_path, kk_data, tiny_model, ray_head
+    local_run, tmp_path, kk_data, stopping_model, ray_head
 ):
     """Each rank saves and loads its own shards (weights and AdamW state) through torch.distributed.checkpoint."""
     ray = (
@@ -94,7 +99,7 @@ def test_fsdp2_on_ray_stopped_and_resumed_matches_the_uninterrupted_local_run(
     _train(
         tmp_path,
         kk_data,
-        tiny_model,
+        stopping_model,
         "resumed",
         *ray,
         "trainer.total_training_steps=1",
@@ -108,18 +113,20 @@ def test_fsdp2_on_ray_stopped_and_resumed_matches_the_uninterrupted_local_run(
         "model-00001-of-00001.safetensors",
         "model.safetensors.index.json",
     ]
-    start = load_file(f"{tiny_model['path']}/model.safetensors")
+    start = load_file(f"{stopping_model['path']}/model.safetensors")
     saved = load_file(weights / "model-00001-of-00001.safetensors")
     assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in start.items()}
     assert any(not saved[k].equal(start[k]) for k in start)
-    resumed = _train(tmp_path, kk_data, tiny_model, "resumed", *ray, "trainer.save_freq=1")  # on to step 2
+    resumed = _train(
+        tmp_path, kk_data, stopping_model, "resumed", *ray, "trainer.save_freq=1"
+    )  # on to step 2
     assert [r["step"] for r in resumed[0]] == [1, 2]
     _compare(local_run, resumed)
     # the same 2-rank checkpoint resumed in one process: each tensor is read whole instead of by halves
     local = _train(
         tmp_path,
         kk_data,
-        tiny_model,
+        stopping_model,
         "resumed_locally",
         "trainer.resume_mode=resume_path",
         f"trainer.resume_from_path={step1}",
@@ -129,7 +136,9 @@ def test_fsdp2_on_ray_stopped_and_resumed_matches_the_uninterrupted_local_run(
 
 
 @pytest.mark.slow
-def test_a_resumed_ray_run_samples_what_the_uninterrupted_one_did(tmp_path, kk_data, tiny_model, ray_head):
+def test_a_resumed_ray_run_samples_what_the_uninterrupted_one_did(
+    tmp_path, kk_data, stopping_model, ray_head
+):
     """rollout.deterministic=false draws from each rank's process RNG: the checkpoint carries every rank's."""
     ray = (
         "trainer.backend=ray",
@@ -138,11 +147,11 @@ def test_a_resumed_ray_run_samples_what_the_uninterrupted_one_did(tmp_path, kk_d
         "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
         "rollout.deterministic=false",
     )
-    straight = _train(tmp_path, kk_data, tiny_model, "straight", *ray)
+    straight = _train(tmp_path, kk_data, stopping_model, "straight", *ray)
     _train(
         tmp_path,
         kk_data,
-        tiny_model,
+        stopping_model,
         "resumed",
         *ray,
         "trainer.total_training_steps=1",
@@ -153,12 +162,12 @@ def test_a_resumed_ray_run_samples_what_the_uninterrupted_one_did(tmp_path, kk_d
         "actor+reference+rollout_rank_0.pt",  # per group: separately placed roles are other processes
         "actor+reference+rollout_rank_1.pt",
     ]
-    resumed = _train(tmp_path, kk_data, tiny_model, "resumed", *ray, "trainer.save_freq=1")
+    resumed = _train(tmp_path, kk_data, stopping_model, "resumed", *ray, "trainer.save_freq=1")
     _compare(straight, resumed)
 
 
 @pytest.mark.slow
-def test_two_node_processes_joined_by_ray_address(local_run, tmp_path, kk_data, tiny_model):
+def test_two_node_processes_joined_by_ray_address(local_run, tmp_path, kk_data, stopping_model):
     """A head and a second node process on loopback (Ray's own multi-node test harness), one rank on each."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
     from ray.cluster_utils import Cluster
@@ -170,7 +179,7 @@ def test_two_node_processes_joined_by_ray_address(local_run, tmp_path, kk_data, 
         ray_run = _train(
             tmp_path,
             kk_data,
-            tiny_model,
+            stopping_model,
             "two_nodes",
             "trainer.backend=ray",
             f"trainer.ray_address={cluster.address}",

@@ -85,11 +85,14 @@ def test_sorted_log_probs_and_update_match_plain_micro_batches(kk_data, tiny_mod
         actor = ActorWorker(copy.deepcopy(model).train(), cfg, temperature=1.0, samples_per_prompt=4)
         chunks = actor._micro_batches(out)  # what update() runs, minus the optimizer step
         weights = [len(ub) / len(out) for ub in chunks] if by_samples else actor._loss_weights(out, chunks)
-        metrics = defaultdict(list)
+        metrics = defaultdict(float)
         for ub, w in zip(chunks, weights, strict=True):
             actor._micro_step(ub, w, metrics)
         widths = [ub["responses"].shape[1] for ub in chunks]
+        seen.append(dict(metrics))
         return {n: p.grad.clone() for n, p in actor.model.named_parameters() if p.grad is not None}, widths
+
+    seen = []  # each call's metrics, weighted as its loss
 
     def diff(a, b):
         return max((a[n] - b[n]).abs().max().item() for n in a)
@@ -104,6 +107,11 @@ def test_sorted_log_probs_and_update_match_plain_micro_batches(kk_data, tiny_mod
     # token-mean is one mean over every token of the mini-batch, however it is cut into micro-batches
     for grads in (plain4, sorted4, gradient(8, True)[0], gradient(2, False)[0]):
         assert diff(whole, grads) < 1e-6 * max(1.0, size), diff(whole, grads)
+    # and so are the losses reported (a plain mean of the micro-batches' means, as before, was not)
+    assert len(seen) == 5 and seen[0]["actor/pg_loss"] != 0
+    for m in seen[1:]:
+        for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl"):
+            assert abs(m[key] - seen[0][key]) < 1e-6, (key, m[key], seen[0][key])
     # weighting micro-batches by their sample count (verl's) is not: micro-batches hold unequal tokens
     assert diff(whole, gradient(4, False, by_samples=True)[0]) > 1e-4 * size
     # token-budget micro-batches of unequal sample counts: the same gradient too
@@ -135,7 +143,7 @@ def test_sum_norm_divides_by_the_max_response_length_however_the_batch_is_cut_or
         actor = ActorWorker(copy.deepcopy(model).train(), cfg, temperature=1.0, samples_per_prompt=4,
                             response_length=32)  # fmt: skip
         chunks = actor._micro_batches(batch)
-        metrics = defaultdict(list)
+        metrics = defaultdict(float)
         for ub, w in zip(chunks, actor._loss_weights(batch, chunks), strict=True):
             actor._micro_step(ub, w, metrics)
         sizes = [len(ub) for ub in chunks]
@@ -255,7 +263,7 @@ def test_entropy_is_a_graph_free_metric_unless_it_is_in_the_loss(kk_data, tiny_m
         cfg = ActorConfig(optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=16,
                           entropy_coeff=coeff)  # fmt: skip
         actor = ActorWorker(copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4)
-        metrics = defaultdict(list)
+        metrics = defaultdict(float)
         entropy = actor._micro_step(out, 1.0, metrics)
         assert entropy > 0 and not entropy.requires_grad
         grads.append(torch.cat([p.grad.flatten() for p in actor.model.parameters() if p.grad is not None]))

@@ -44,18 +44,17 @@ def _fused_entropy(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
 
 
 def _eager_entropy(logits: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
-    return entropy_from_logits(logits / temperature if temperature != 1.0 else logits)
+    return entropy_from_logits(logits, temperature)
 
 
 def _eager_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
-    return logprobs_from_logits(logits / temperature if temperature != 1.0 else logits, labels)
+    return logprobs_from_logits(logits, labels, temperature)
 
 
 def _eager_log_probs_and_entropy(
     logits: torch.Tensor, labels: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    x = logits / temperature if temperature != 1.0 else logits
-    return logprobs_from_logits(x, labels), entropy_from_logits(x)
+    return logprobs_from_logits(logits, labels, temperature), entropy_from_logits(logits, temperature)
 
 
 def _compile_failures() -> tuple[type[BaseException], ...]:
@@ -147,14 +146,13 @@ def log_probs_and_entropy(
     torch.compile'd kernels above (falling back to eager where they cannot be built).
     """
     if not compiled:
-        x = logits / temperature if temperature != 1.0 else logits
-        lp = logprobs_from_logits(x, labels)
+        lp = logprobs_from_logits(logits, labels, temperature)
         if not with_entropy:
             return lp, None
         if entropy_grad:
-            return lp, entropy_from_logits(x)
+            return lp, entropy_from_logits(logits, temperature)
         with torch.no_grad():
-            return lp, entropy_from_logits(x.detach())
+            return lp, entropy_from_logits(logits.detach(), temperature)
     if not with_entropy:
         return compiled_log_probs(logits, labels, temperature), None
     if entropy_grad:

@@ -150,9 +150,10 @@ class ActorWorker:
         mask = batch["response_mask"]
         return Batch(tensors={"old_log_probs": lp * mask, "entropy": ent * mask})
 
-    def _micro_step(self, ub: Batch, weight: float, metrics: dict[str, list[float]]) -> torch.Tensor:
-        """Forward and backward of one micro-batch, its loss scaled by `weight`; returns its entropy
-        aggregated as the loss is (detached), for the entropy metric."""
+    def _micro_step(self, ub: Batch, weight: float, metrics: dict[str, float]) -> torch.Tensor:
+        """Forward and backward of one micro-batch, its loss scaled by `weight`, and its metrics added to
+        `metrics` with the same weight (so they sum to the mini-batch's, as the loss does); returns its
+        entropy aggregated as the loss is (detached), for the entropy metric."""
         cfg = self.cfg
         with compute_context(self.model, self.compute_dtype):  # the backward below runs outside it
             log_prob, entropy = response_log_probs(
@@ -190,21 +191,21 @@ class ActorWorker:
             kl = kl_penalty(log_prob, ref, cfg.kl_loss_type)
             kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
             loss = loss + cfg.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"].append(kl_loss.item())
-            metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
+            metrics["actor/kl_loss"] += weight * kl_loss.item()
         (loss * weight).backward()
-        metrics["actor/pg_loss"].append(pg_loss.item())
+        metrics["actor/pg_loss"] += weight * pg_loss.item()
         for k, v in pg_metrics.items():
-            metrics[f"actor/{k}"].append(float(v))
+            metrics[f"actor/{k}"] += weight * float(v)
         return entropy_loss.detach()
 
     def _batch_entropy(self, batch: Batch) -> float:
-        """The rollout policy's entropy over this rank's batch, aggregated with loss_agg_mode (verl's
-        actor/entropy, from the old-log-prob pass)."""
+        """The rollout policy's entropy, aggregated with loss_agg_mode (verl's actor/entropy, from the
+        old-log-prob pass): this rank's part of it, which the ranks' mean makes the whole batch's."""
         entropy, mask = batch["entropy"], batch["response_mask"]
         if self.norm_width is not None:
             entropy, mask = pad_response_width(self.norm_width, entropy, mask)
-        return float(agg_loss(entropy, mask, self.cfg.loss_agg_mode))
+        (share,) = loss_weights(batch, [batch], self.cfg.loss_agg_mode, self.world_size)
+        return share * float(agg_loss(entropy, mask, self.cfg.loss_agg_mode))
 
     def _micro_batches(self, mb: Batch) -> list[Batch]:
         """Length-sorted, padding-trimmed micro-batches (plain consecutive chunks with the option off) of
@@ -239,13 +240,16 @@ class ActorWorker:
             for mb in batch.split(mini):
                 self.optimizer.zero_grad(set_to_none=True)
                 ubs = self._micro_batches(mb)
-                entropies = [
-                    self._micro_step(ub, weight, metrics)
-                    for ub, weight in zip(ubs, self._loss_weights(mb, ubs), strict=True)
-                ]
-                if entropy is None:  # this rank's shares (one rank's weights) sum them to the mini-batch's
-                    shares = loss_weights(mb, ubs, cfg.loss_agg_mode)
-                    entropy = sum(s * float(e) for s, e in zip(shares, entropies, strict=True))
+                weights = self._loss_weights(mb, ubs)
+                # each micro-batch's metrics times its loss weight: summed, the mini-batch's; averaged
+                # over ranks, the mini-batch's across all of them (a plain mean of micro-batch or rank
+                # means gave token-mean losses that changed with the micro-batching and the rank count)
+                mb_metrics: dict[str, float] = defaultdict(float)
+                entropies = [self._micro_step(ub, w, mb_metrics) for ub, w in zip(ubs, weights, strict=True)]
+                for k, v in mb_metrics.items():
+                    metrics[k].append(v)
+                if entropy is None:
+                    entropy = sum(w * float(e) for w, e in zip(weights, entropies, strict=True))
                 grad_norm = step_if_finite(self.model, self.optimizer, cfg.optim.grad_clip)
                 steps += 1
                 if grad_norm is None:
@@ -260,6 +264,8 @@ class ActorWorker:
                 f"lower actor.optim.lr, check the rewards for NaN, or use model.dtype=float32"
             )
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        if cfg.use_kl_loss:
+            out["actor/kl_coef"] = cfg.kl_loss_coef
         out["actor/entropy"] = entropy
         out["actor/lr"] = lr
         out["actor/nonfinite_skipped"] = float(skipped)

@@ -120,6 +120,7 @@ class CriticWorker:
             for mb in batch.split(self.mini_batch):
                 self.optimizer.zero_grad(set_to_none=True)
                 ubs = [ub for _, ub in self._micro_batches(mb)]
+                mb_metrics: dict[str, float] = defaultdict(float)  # weighted as the loss: see the actor's
                 for ub, weight in zip(
                     ubs, loss_weights(mb, ubs, cfg.loss_agg_mode, self.world_size), strict=True
                 ):
@@ -134,12 +135,14 @@ class CriticWorker:
                         vpreds, returns, values, mask, cfg.cliprange_value, cfg.loss_agg_mode
                     )
                     (loss * weight).backward()
-                    metrics["critic/vf_loss"].append(loss.item())
-                    metrics["critic/vf_clipfrac"].append(float(m["vf_clipfrac"]))
+                    mb_metrics["critic/vf_loss"] += weight * loss.item()
+                    mb_metrics["critic/vf_clipfrac"] += weight * float(m["vf_clipfrac"])
                     mask = mask.bool()
-                    metrics["critic/vpred_mean"].append(
+                    mb_metrics["critic/vpred_mean"] += weight * (
                         vpreds.detach()[mask].mean().item() if mask.any() else 0.0
                     )
+                for k, v in mb_metrics.items():
+                    metrics[k].append(v)
                 grad_norm = step_if_finite(self.model, self.optimizer, cfg.optim.grad_clip)
                 steps += 1
                 if grad_norm is None:
