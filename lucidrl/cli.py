@@ -444,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         if debug_enabled():
             raise
-        print(f"error ({type(e).__name__}): {e}", file=sys.stderr)
+        # a user error raised in a Ray worker (RemoteUserError) is named by its original type
+        print(f"error ({getattr(e, 'type_name', type(e).__name__)}): {e}", file=sys.stderr)
         return 2
 
 

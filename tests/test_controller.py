@@ -161,11 +161,56 @@ def test_unpicklable_worker_exception_arrives_with_type_message_and_traceback(pr
 
 
 @pytest.mark.slow
+def test_a_user_error_in_a_worker_is_a_user_error_there_too(probe_group, monkeypatch, capsys):
+    """Printed as one message with exit status 2 by the command line, as in-process: bad input raised
+    in a Ray worker used to arrive as a plain RuntimeError with two tracebacks and status 1."""
+    from lucidrl import cli
+    from lucidrl.controller.errors import RemoteUserError
+    from lucidrl.diagnostics.errors import UserError
+
+    with pytest.raises(RemoteUserError) as info:
+        probe_group.fail("user")
+    assert isinstance(info.value, UserError) and isinstance(info.value, RemoteWorkerError)
+    text = str(info.value)
+    assert text.startswith("probe.value=-1 must be positive") and info.value.type_name == "ProbeInputError"
+    assert "role=probe rank=0" in text and "traceback" not in text
+    assert "raise ProbeInputError" in info.value.failure.traceback  # kept, and shown with LUCIDRL_DEBUG=1
+    monkeypatch.setenv("LUCIDRL_DEBUG", "1")
+    with pytest.raises(RemoteUserError, match="remote traceback"):
+        probe_group.fail("user")
+    monkeypatch.delenv("LUCIDRL_DEBUG")
+
+    def run(args):
+        probe_group.fail("user")
+
+    monkeypatch.setattr(cli, "_cmd_version", run)
+    assert cli.main(["version"]) == 2
+    assert capsys.readouterr().err.startswith("error (ProbeInputError): probe.value=-1 must be positive;")
+
+
+@pytest.mark.slow
 def test_a_killed_worker_is_named_not_a_hang(probe_group):
     pids = probe_group.call("pid")  # ALL returns rank 0's
     os.kill(pids, signal.SIGKILL)
-    with pytest.raises(WorkerDiedError, match=r"role=probe rank=0 died during 'where'"):
+    with pytest.raises(WorkerDiedError, match=r"role=probe rank=0 died during 'where'") as info:
         probe_group.where(Batch(tensors={"x": torch.arange(2)}))
+    assert "Worker exit type" in str(info.value)  # Ray's later lines: why it died
+
+
+@pytest.mark.slow
+def test_a_worker_that_fails_to_start_says_why(ray_cluster):
+    """Its constructor's error is on the later lines of Ray's message; only the first was kept."""
+    from types import SimpleNamespace
+
+    from lucidrl.controller.worker_group import RayWorkerGroup, _RankHost
+
+    host = ray_cluster.remote(_RankHost).options(num_cpus=0).remote("probe", 0, 0)  # set_num_threads(0)
+    with pytest.raises(WorkerDiedError) as info:
+        RayWorkerGroup._get(SimpleNamespace(role="probe"), host.rendezvous.remote(None), 0, "rendezvous")
+    text = str(info.value)
+    assert "role=probe rank=0 failed to start (the trainer was calling 'rendezvous')" in text
+    assert "set_num_threads expects a positive integer" in text and "out of memory" not in text
+    assert "\x1b[" not in text
 
 
 def test_local_cuda_index_picks_the_gpu_ray_assigned(monkeypatch):

@@ -336,13 +336,25 @@ def test_doctor_checks_a_rollout_server_answers_and_takes_weights(tmp_path, kk_d
     assert code == 1 and "fail rollout server" in text  # nothing listens there any more
 
 
-def test_more_ray_cpu_ranks_than_cpus_fails_the_placement_check(tmp_path, kk_data, tiny_model):
-    cfg = load_config(
-        write_train_config(tmp_path, kk_data, tiny_model),
-        ["trainer.backend=ray", "placement.pools.global.devices_per_node=4", "trainer.cpus_per_rank=2"],
-    )
+def test_more_ray_cpu_ranks_than_cpus_fails_the_placement_check(tmp_path, kk_data, tiny_model, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    overrides = [
+        "trainer.backend=ray",
+        "placement.pools.global.devices_per_node=4",
+        "trainer.cpus_per_rank=2",
+    ]
+    cfg = load_config(write_train_config(tmp_path, kk_data, tiny_model), overrides)
     needs, words = doctor.needs_of(cfg)
     assert needs.ray and needs.ranks == 4 and not needs.gpu
     check = doctor.check_placement(needs, words, cpus=6)
     assert check.status == "fail" and "4 ranks x trainer.cpus_per_rank=2 CPUs" in check.detail
     assert doctor.check_placement(needs, words, cpus=8).status == "ok"
+    # a run that joins a cluster places its ranks there: by the key, or by RAY_ADDRESS (`ray job submit`)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    needs, words = doctor.needs_of(cfg)
+    assert needs.joins_cluster and doctor.check_placement(needs, words, cpus=6).status == "ok"
+    monkeypatch.delenv("RAY_ADDRESS")
+    joined = load_config(
+        write_train_config(tmp_path, kk_data, tiny_model), [*overrides, "trainer.ray_address=auto"]
+    )
+    assert doctor.check_placement(*doctor.needs_of(joined), cpus=6).status == "ok"

@@ -4,7 +4,9 @@ A worker never lets its exception cross the process boundary as a pickled object
 whose ``__init__`` takes two required arguments cannot be unpickled (Ray 2.60 then raises
 UnserializableException, older Ray "Failed to unpickle serialized exception"), and the user sees
 neither the type nor the message. Instead the worker sends plain strings — type name, message,
-traceback, role, rank, host — and the trainer raises RemoteWorkerError from them.
+traceback, role, rank, host — and the trainer raises RemoteWorkerError from them. A user error (bad
+config, data, model folder, reward output: diagnostics.errors.UserError) comes back as RemoteUserError,
+which is a UserError too, so the command line prints its message alone, as it does in-process.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import socket
 import traceback
 from dataclasses import dataclass
+
+from lucidrl.diagnostics.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,7 @@ class RemoteFailure:
     rank: int
     host: str
     method: str
+    user_error: bool = False  # the exception was a diagnostics.errors.UserError
 
     @classmethod
     def capture(cls, exc: BaseException, *, role: str, rank: int, method: str) -> RemoteFailure:
@@ -42,7 +47,12 @@ class RemoteFailure:
             rank=rank,
             host=socket.gethostname(),
             method=method,
+            user_error=isinstance(exc, UserError),
         )
+
+    def raise_(self) -> None:
+        """Raise this failure on the trainer's side: RemoteUserError for a user error, else RemoteWorkerError."""
+        raise (RemoteUserError if self.user_error else RemoteWorkerError)(self)
 
 
 class RemoteWorkerError(RuntimeError):
@@ -66,15 +76,44 @@ class RemoteWorkerError(RuntimeError):
         return self.failure.type_name
 
 
-class WorkerDiedError(RuntimeError):
-    """A worker process exited (killed, out of memory, segfault) while the trainer waited for it."""
+class RemoteUserError(RemoteWorkerError, UserError):
+    """A user error raised inside a worker: its message and where, without the traceback, which only
+    says where the bad input was noticed (LUCIDRL_DEBUG=1 adds it, as it does for local user errors)."""
 
-    def __init__(self, role: str, rank: int, method: str, cause: str):
-        self.role, self.rank, self.method = role, rank, method
-        super().__init__(
-            f"worker role={role} rank={rank} died during '{method}': {cause}\n"
-            f"  (killed or out of memory? check the worker's log and `dmesg`; the run cannot continue without it)"
+    def __init__(self, failure: RemoteFailure):
+        from lucidrl.diagnostics.debug import debug_enabled
+
+        if debug_enabled():
+            super().__init__(failure)
+            return
+        self.failure = f = failure  # the command line names the type: "error (ConfigError): ..."
+        RuntimeError.__init__(
+            self,
+            f"{f.message}\n  raised in worker role={f.role} rank={f.rank} host={f.host} during '{f.method}'",
         )
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process exited (killed, out of memory, segfault) while the trainer waited for it, or
+    failed to start (`failed_to_start`: its constructor raised, e.g. lucidrl not importable there).
+    `cause` is Ray's whole message: the exit type and detail (OOM, SIGSEGV, memory-monitor kill) or the
+    constructor's exception are on its later lines."""
+
+    def __init__(self, role: str, rank: int, method: str, cause: str, failed_to_start: bool = False):
+        self.role, self.rank, self.method = role, rank, method
+        first, _, rest = cause.strip().partition("\n")
+        detail = f"{first}\n{_indent(rest)}" if rest.strip() else first
+        if failed_to_start:
+            super().__init__(
+                f"worker role={role} rank={rank} failed to start (the trainer was calling '{method}'): {detail}\n"
+                "  (the worker process could not be created or its set-up raised: see the error above)"
+            )
+        else:
+            super().__init__(
+                f"worker role={role} rank={rank} died during '{method}': {detail}\n"
+                "  (killed or out of memory? check the worker's log and `dmesg`; the run cannot continue "
+                "without it)"
+            )
 
     def __reduce__(self):
         return (_rebuild_died, (self.role, self.rank, self.method, str(self)))

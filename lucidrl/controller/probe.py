@@ -15,6 +15,7 @@ import torch.distributed as dist
 from lucidrl.batch import Batch
 from lucidrl.controller.dispatch import Dispatch, dispatch
 from lucidrl.controller.distributed import DistInfo, init_process_group
+from lucidrl.diagnostics.errors import UserError
 
 
 class TwoArgError(Exception):
@@ -23,6 +24,10 @@ class TwoArgError(Exception):
     def __init__(self, detail: str, code: int):
         super().__init__(f"{detail} (code {code})")
         self.detail, self.code = detail, code
+
+
+class ProbeInputError(UserError, ValueError):
+    """A user error (bad input), as a worker that loads a config, data or model would raise one."""
 
 
 class ProbeWorker:
@@ -63,9 +68,11 @@ class ProbeWorker:
 
     @dispatch(Dispatch.RANK0)
     def fail(self, kind: str) -> None:
-        """Raise an unpicklable exception, or exit the process, on purpose."""
+        """Raise an unpicklable exception, a user error, or exit the process, on purpose."""
         if kind == "exit":
             os._exit(13)
+        if kind == "user":
+            raise ProbeInputError("probe.value=-1 must be positive; set probe.value=1")
         raise TwoArgError("worker-side detail", 42)
 
 

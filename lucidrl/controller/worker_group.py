@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from lucidrl.controller.dispatch import Dispatch, dispatch_mode, merge_from_ranks, split_for_ranks
 from lucidrl.controller.distributed import DistInfo, node_ip, pick_port
-from lucidrl.controller.errors import RemoteFailure, RemoteWorkerError, WorkerDiedError
+from lucidrl.controller.errors import RemoteFailure, WorkerDiedError
 from lucidrl.diagnostics.debug import debug_enabled
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +120,11 @@ def ensure_ray(address: str | None, num_cpus: int | None) -> str:
     # glibc reads its allocator settings at process start: hand them to the workers' start (launch.py)
     tuned = tuned_env()
     env_vars.update({k: tuned[k] for k in MALLOC_ENV if k in tuned})
-    if "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ:  # the CLI sets it: no per-file bars from the workers
-        env_vars["HF_HUB_DISABLE_PROGRESS_BARS"] = os.environ["HF_HUB_DISABLE_PROGRESS_BARS"]
+    # the CLI sets the first (no per-file bars from the workers); LUCIDRL_DEBUG reaches workers on
+    # other hosts this way, where they do not inherit this process's environment
+    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "LUCIDRL_DEBUG"):
+        if name in os.environ:
+            env_vars[name] = os.environ[name]
     kwargs["runtime_env"] = {"env_vars": env_vars}
     ray.init(**kwargs)
     return where
@@ -198,8 +204,13 @@ class RayWorkerGroup(WorkerGroup):
         try:
             return ray.get(future)
         except ray.exceptions.RayActorError as e:
+            cause = _ANSI.sub("", str(e))  # Ray colours parts of its message for terminals
             raise WorkerDiedError(
-                self.role, rank, method, f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                self.role,
+                rank,
+                method,
+                f"{type(e).__name__}: {cause}",
+                failed_to_start=bool(e.actor_init_failed),
             ) from None
 
     def _gather(self, futures: list[Any], method: str) -> list[Any]:
@@ -213,7 +224,7 @@ class RayWorkerGroup(WorkerGroup):
             rank = pending.pop(done[0])
             status, value = self._get(done[0], rank, method)
             if status == "error":
-                raise RemoteWorkerError(value)
+                value.raise_()
             results[rank] = value
         return results
 

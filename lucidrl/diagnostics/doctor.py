@@ -55,6 +55,7 @@ class Needs:
     vllm: bool = False
     ray: bool = False
     ray_address: str | None = None
+    joins_cluster: bool = False  # trainer.ray_address or RAY_ADDRESS: the ranks may run on other hosts
     ranks: int = 1
     cpus_per_rank: int = 1
     gpus: int = 0  # GPUs this host must have (cuda ranks placed on one node)
@@ -462,19 +463,23 @@ def check_vllm(needs: Needs) -> Check:
 def needs_of(cfg: Any) -> tuple[Needs, str]:
     """What the config asks of the machine, and its placement in words."""
     from lucidrl.controller.placement import plan_groups
+    from lucidrl.controller.worker_group import ray_target
 
     plans = plan_groups(cfg)
     # GPUs this host must have: every cuda rank, unless the ranks go to a Ray cluster of other hosts
     gpus = sum(p.world_size for p in plans if p.device.startswith("cuda") and p.nodes == 1)
+    # as the run decides: RAY_ADDRESS (which `ray job submit` sets) joins a cluster as the key does
+    joins = cfg.trainer.backend == "ray" and ray_target(cfg.trainer.ray_address)[0] != "local"
     needs = Needs(
         gpu=any(p.device.startswith("cuda") for p in plans) or cfg.rollout.name == "vllm",
         compile=cfg.actor.use_torch_compile,
         vllm=cfg.rollout.name == "vllm",
         ray=cfg.trainer.backend == "ray",
         ray_address=cfg.trainer.ray_address,
+        joins_cluster=joins,
         ranks=sum(p.world_size for p in plans),
         cpus_per_rank=cfg.trainer.cpus_per_rank,
-        gpus=gpus if cfg.trainer.ray_address is None else 0,  # a cluster's GPUs are not this host's
+        gpus=0 if joins else gpus,  # a cluster's GPUs are not this host's
     )
     words = "; ".join(f"{'+'.join(sorted(p.roles))} x{p.world_size} on {p.where} ({p.device})" for p in plans)
     return needs, f"{cfg.trainer.backend} backend: {words}"
@@ -482,7 +487,7 @@ def needs_of(cfg: Any) -> tuple[Needs, str]:
 
 def check_placement(needs: Needs, words: str, cpus: int | None = None) -> Check:
     cpus = cpus or usable_cpus()
-    if needs.ray and needs.ray_address is None and not needs.gpu and needs.ranks * needs.cpus_per_rank > cpus:
+    if needs.ray and not needs.joins_cluster and not needs.gpu and needs.ranks * needs.cpus_per_rank > cpus:
         return Check(
             "placement",
             "fail",
