@@ -215,7 +215,7 @@ def test_grpo_trains_on_the_reward_model(tmp_path, kk_data, tiny_model, reward_m
 
 @pytest.mark.slow
 def test_the_reward_model_scores_the_same_on_two_ray_ranks_as_in_process(
-    tmp_path, kk_data, tiny_model, reward_model_dir
+    tmp_path, kk_data, tiny_model, reward_model_dir, ray_head
 ):
     """The role is placed like the critic: colocated with the actor, data-parallel across ranks."""
 
@@ -244,6 +244,7 @@ def test_the_reward_model_scores_the_same_on_two_ray_ranks_as_in_process(
     ray = run(
         "ray",
         "trainer.backend=ray",
+        f"trainer.ray_address={ray_head}",
         "trainer.strategy=ddp",
         "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
     )

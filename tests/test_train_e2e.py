@@ -149,3 +149,22 @@ def test_collapse_warn_reports_once_and_trains_on(tmp_path, kk_data, tiny_model,
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert [r.get("collapse/detected") for r in records] == [None, 1.0, None, None]
     assert capsys.readouterr().out.count("policy collapse detected") == 1
+
+
+def test_a_run_that_raises_stops_its_workers(tmp_path, kk_data, tiny_model):
+    """Ray actors and placement groups go with a failed run too, not only a finished one."""
+    from lucidrl.config import load_config
+    from lucidrl.rewards.manager import RewardFunctionError
+    from lucidrl.trainer.ppo import PPOTrainer
+
+    reward = tmp_path / "broken.py"
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info):\n    raise OSError('down')\n"
+    )
+    config = _config(tmp_path, kk_data, tiny_model)
+    trainer = PPOTrainer(load_config(str(config), [f"reward.custom_function.path={reward}"]))
+    stopped = []
+    trainer.workers.shutdown = lambda: stopped.append(True)
+    with pytest.raises(RewardFunctionError, match="raised OSError: down"):
+        trainer.fit()
+    assert stopped == [True]

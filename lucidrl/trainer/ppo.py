@@ -258,7 +258,8 @@ class PPOTrainer:
 
     def fit(self) -> Path:
         """Train for the configured steps (or time); stop on a detected collapse. Returns the run directory."""
-        with self.tracker:  # a run that raises is marked failed in W&B and MLflow
+        # a run that raises is marked failed in W&B and MLflow; its Ray actors are stopped either way
+        with self.tracker, self.workers:
             cfg = self.cfg.trainer
             if cfg.val_before_train and self.resumed_from is None:
                 self.tracker.log(self.validate(), step=0)
@@ -307,7 +308,6 @@ class PPOTrainer:
                     break
             if cfg.save_final_model:
                 self.save_model(self.run_dir / "final")
-        self.workers.shutdown()  # Ray actors and placement groups; nothing to do in-process
         return self.run_dir
 
     def _report_collapse(self, report: CollapseReport) -> None:

@@ -48,6 +48,14 @@ class Workers:
         for g in self.groups:
             g.shutdown()
 
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # also when a step raised: the other ranks may be blocked in a collective with the failed one,
+        # and a process that trains again (lucidrl demo's seeds) must not find them holding the CPUs
+        self.shutdown()
+
 
 def run_dir_of(cfg: LucidConfig) -> Path:
     """runs/<experiment_name>, or trainer.run_dir."""
