@@ -159,6 +159,34 @@ def test_a_failing_compiled_backward_is_caught_before_training_uses_it(monkeypat
     assert logits.grad is not None and calls == [1]
 
 
+def test_the_backward_is_checked_in_the_dtype_the_actor_trains_in(monkeypatch):
+    """A bf16 actor's logits compile to a graph of their own: a float32 probe says nothing about it."""
+
+    class NoBf16Backward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.bf16 = x.dtype == torch.bfloat16
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            if ctx.bf16:
+                raise CppCompileError(["g++", "kernel.cpp"], "bf16 backward codegen failed")
+            return g
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: lambda x, *a: fn(NoBf16Backward.apply(x), *a))
+    eager, calls = _eager_twin(fused_logprob._fused_log_probs)
+    f = CompiledOrEager(fused_logprob._fused_log_probs, eager, "the log-prob")
+    labels = torch.zeros(4, dtype=torch.long)
+    f(torch.randn(4, 10, requires_grad=True), labels, 1.0).sum().backward()  # float32: compiled
+    assert f.failure is None and calls == []
+    logits = torch.randn(4, 10).bfloat16().requires_grad_(True)
+    with pytest.warns(RuntimeWarning, match="bf16 backward codegen failed"):
+        lp = f(logits, labels, 1.0)
+    lp.sum().backward()  # the eager result trains; it used to raise here, mid-backward
+    assert logits.grad is not None and calls == [1]
+
+
 def test_bad_labels_are_the_inputs_fault_not_the_compilers():
     eager, calls = _eager_twin(fused_logprob._fused_log_probs)
     f = CompiledOrEager(fused_logprob._fused_log_probs, eager, "the log-prob")

@@ -73,16 +73,17 @@ _COMPILE_FAILURES = _compile_failures()
 class CompiledOrEager:
     """`torch.compile(fn)`, or `eager` from the first compile failure on (one warning naming it).
 
-    The backward pass is checked once, on a small tensor, before the compiled function is first used
-    with gradients: an inductor failure there would otherwise surface in the middle of `backward()`,
-    where nothing can fall back.
+    The backward pass is checked on a small tensor before the compiled function is first used with
+    gradients, once per logits dtype (a bf16 actor's logits compile to another graph than float32's):
+    an inductor failure there would otherwise surface in the middle of `backward()`, where nothing can
+    fall back.
     """
 
     def __init__(self, fn: Callable, eager: Callable, what: str):
         self.fn, self.eager, self.what = fn, eager, what
         self.compiled: Callable | None = None
         self.failure: str | None = None  # why compiling failed; None while it works
-        self.backward_checked = False
+        self.backward_checked: set[torch.dtype] = set()  # logits dtypes whose backward compiled
 
     def _give_up(self, err: BaseException) -> None:
         self.failure = f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
@@ -93,14 +94,15 @@ class CompiledOrEager:
             stacklevel=3,
         )
 
-    def _check_backward(self, device: torch.device) -> None:
+    def _check_backward(self, device: torch.device, dtype: torch.dtype) -> None:
         # identity hooks on top of any active ones: inside a non-reentrant checkpoint (the chunked LM
         # head) the probe's own backward must not unpack through the checkpoint's recomputation
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-            x = torch.randn(2, 8, device=device, requires_grad=True)  # where the real call will run
+            # where and in what dtype the real call will run
+            x = torch.randn(2, 8, device=device, dtype=dtype, requires_grad=True)
             out = self.compiled(x, torch.tensor([1, 5], device=device), 1.0)
             sum(o.sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
-        self.backward_checked = True
+        self.backward_checked.add(dtype)
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor, temperature: float):
         if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= logits.shape[-1]):
@@ -114,8 +116,12 @@ class CompiledOrEager:
             try:
                 if self.compiled is None:
                     self.compiled = torch.compile(self.fn, dynamic=True)
-                if torch.is_grad_enabled() and logits.requires_grad and not self.backward_checked:
-                    self._check_backward(logits.device)
+                if (
+                    torch.is_grad_enabled()
+                    and logits.requires_grad
+                    and logits.dtype not in self.backward_checked
+                ):
+                    self._check_backward(logits.device, logits.dtype)
                 return self.compiled(logits, labels, temperature)
             except _COMPILE_FAILURES as err:  # anything else (checkpoint's early stop too) propagates
                 result = self.eager(logits, labels, temperature)  # raises if the inputs are at fault
