@@ -139,14 +139,15 @@ def test_sft_refuses_lora_rather_than_training_every_weight():
 
 
 @pytest.mark.slow
-def test_lora_on_two_ray_ranks_matches_one_process(tmp_path, kk_data, tiny_model, ray_head):
-    """DDP averages the adapters' gradients; the rollout copy on each rank gets the adapters after each step."""
+def test_lora_on_two_ray_ranks_matches_one_process(tmp_path, kk_data, stopping_model, ray_head):
+    """DDP averages the adapters' gradients; the rollout copy on each rank gets the adapters after each step.
+    The model stops early (conftest.py::stopping_model): each rank's responses end at lengths of their own."""
     reward = tmp_path / "reward.py"
     reward.write_text(TOY_REWARD)
 
     def run(name, *extra):
         args = [
-            f"model.path={tiny_model['path']}",
+            f"model.path={stopping_model['path']}",
             "model.lora_rank=8",
             f"data.train_files=[{kk_data['train']}]",
             "data.val_files=[]",
@@ -175,11 +176,12 @@ def test_lora_on_two_ray_ranks_matches_one_process(tmp_path, kk_data, tiny_model
         "trainer.strategy=ddp",
         "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
     )
+    assert all(r["response_length/min"] < r["response_length/max"] for r in local[0])  # varied widths
     for x, y in zip(local[0], ray[0], strict=True):
         # step 2 scores responses sampled after the first update: equal only if the rollout got the adapters
         assert abs(x["critic/score/mean"] - y["critic/score/mean"]) <= 1e-6, (x["step"], x, y)
         assert abs(x["actor/pg_loss"] - y["actor/pg_loss"]) <= 1e-5
-    base = load_file(f"{tiny_model['path']}/model.safetensors")
+    base = load_file(f"{stopping_model['path']}/model.safetensors")
     diff = max((local[1][k] - ray[1][k]).abs().max().item() for k in base)
     moved = max((local[1][k] - base[k]).abs().max().item() for k in base)
     assert diff <= 5e-5 and moved > 20 * diff, (diff, moved)

@@ -215,13 +215,14 @@ def test_grpo_trains_on_the_reward_model(tmp_path, kk_data, tiny_model, reward_m
 
 @pytest.mark.slow
 def test_the_reward_model_scores_the_same_on_two_ray_ranks_as_in_process(
-    tmp_path, kk_data, tiny_model, reward_model_dir, ray_head
+    tmp_path, kk_data, stopping_model, reward_model_dir, ray_head
 ):
-    """The role is placed like the critic: colocated with the actor, data-parallel across ranks."""
+    """The role is placed like the critic: colocated with the actor, data-parallel across ranks. The
+    policy stops early (conftest.py::stopping_model), so the ranks score responses of their own widths."""
 
     def run(name, *extra):
         args = [
-            f"model.path={tiny_model['path']}",
+            f"model.path={stopping_model['path']}",
             f"data.train_files=[{kk_data['train']}]",
             "data.val_files=[]",
             "data.max_prompt_length=512",
@@ -248,6 +249,7 @@ def test_the_reward_model_scores_the_same_on_two_ray_ranks_as_in_process(
         "trainer.strategy=ddp",
         "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
     )
+    assert local["response_length/min"] < local["response_length/max"]  # varied lengths
     assert ray["reward/rm_score/mean"] == pytest.approx(local["reward/rm_score/mean"], abs=1e-5)
     assert ray["critic/score/mean"] == pytest.approx(local["critic/score/mean"], abs=1e-5)
 
