@@ -285,6 +285,22 @@ def test_ranks_rollouts_of_different_lengths_are_padded_to_one_width_when_merged
     assert merged["response_mask"].sum(1).tolist() == [2, 1, 5, 2]
     assert merged["rollout_log_probs"].sum(1).tolist() == [-1.0, -0.5, -2.5, -1.0]
     assert merged["uid"] == ["a", "a", "b", "b"]
+    # 3 prompts on 2 ranks: one padding prompt, whose n=2 samples are both dropped (one was kept:
+    # 7 samples, a copy of prompt a's first at the end, which validation averaged in)
+    three = Batch(
+        tensors={"prompts": torch.tensor([[0, 5], [6, 7], [8, 9]]), "prompt_mask": torch.ones(3, 2)},
+        non_tensors={"uid": ["a", "b", "c"]},
+    )
+    chunks, pad3 = split_for_ranks(three, 2, Dispatch.DP, "generate")
+    assert pad3 == 1 and [c["uid"] for c in chunks] == [["a", "b"], ["c", "a"]]
+    outs3 = [
+        batch_from_token_lists(c, params, [[3, eos]] * 4, [[-0.5] * 2] * 4, pad_id=pad_id, eos_ids=[eos])
+        for c in chunks
+    ]
+    merged = merge_from_ranks(outs3, pad3, Dispatch.DP, sent=4)
+    assert merged["uid"] == ["a", "a", "b", "b", "c", "c"]
+    with pytest.raises(BatchError, match="returned 8 rows for the 3 they were sent"):
+        merge_from_ranks(outs3, pad3, Dispatch.DP, sent=3)
     no_pad_id = [Batch(o.tensors, o.non_tensors, {}) for o in outs]
     with pytest.raises(BatchError, match="'responses' is 2 wide in one batch and 5 in another"):
         merge_from_ranks(no_pad_id, pad, Dispatch.DP)

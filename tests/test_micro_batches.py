@@ -314,3 +314,29 @@ def test_critic_token_budget_values_and_gradient_match_one_micro_batch(kk_data, 
     assert n1 == 1 and n2 > 4 and n3 == 4 and g1.abs().max() > 1e-4
     assert (g1 - g2).abs().max() < 1e-6 * max(1.0, g1.abs().max().item())
     assert (g1 - g3).abs().max() < 1e-6 * max(1.0, g1.abs().max().item())
+
+
+def test_token_mean_metrics_do_not_move_with_the_micro_batching_under_seq_mean(
+    kk_data, tiny_model, tiny_tokenizer
+):
+    """Clip fractions and ppo_kl are token means whatever loss_agg_mode is: weighted by sample share
+    (the seq-mean loss weights) they moved with ppo_micro_batch_size, as micro-batches hold unequal tokens."""
+    model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
+    with torch.no_grad():
+        lp, _ = per_token_log_probs(model.eval(), out, 16, 1.0, True, True, False)
+    torch.manual_seed(1)
+    mask = out["response_mask"]
+    out.set("old_log_probs", (lp + 0.3 * torch.randn_like(lp)) * mask)  # off-policy: ratios clip
+    out.set("advantages", torch.randn(len(out), 1).expand_as(mask) * mask)
+
+    def update(micro):
+        cfg = ActorConfig(optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=micro,
+                          loss_agg_mode="seq-mean-token-mean", length_sorted_micro_batches=False)  # fmt: skip
+        return ActorWorker(copy.deepcopy(model).train(), cfg, temperature=1.0, samples_per_prompt=4).update(
+            out
+        )
+
+    whole, cut = update(16), update(4)
+    assert whole["actor/pg_clipfrac"] > 0.05 and abs(whole["actor/ppo_kl"]) > 1e-3
+    for key in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_loss"):
+        assert abs(whole[key] - cut[key]) < 1e-6, (key, whole[key], cut[key])

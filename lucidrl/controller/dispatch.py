@@ -71,15 +71,25 @@ def split_for_ranks(batch: Batch, world_size: int, mode: Dispatch, method: str) 
     return padded.chunk(world_size), pad
 
 
-def merge_from_ranks(results: list[Any], pad: int, mode: Dispatch) -> Any:
+def merge_from_ranks(results: list[Any], pad: int, mode: Dispatch, sent: int | None = None) -> Any:
     """Concatenate Batch results (removing padding) or average metric dicts.
 
     Each rank's rollout trims its responses to its own longest one: they are padded to one width here
-    (token ids with the rollout's meta['pad_token_id']) before they are joined.
+    (token ids with the rollout's meta['pad_token_id']) before they are joined. `sent`: the rows the
+    ranks were sent, padding included (default: as many as they returned). A rollout returns n rows
+    per prompt, so `pad` padding prompts are `pad * n` rows of its output.
     """
     first = results[0]
     if isinstance(first, Batch):
-        return Batch.concat(align_widths(results, first.meta.get("pad_token_id"))).unpad(pad)
+        merged = Batch.concat(align_widths(results, first.meta.get("pad_token_id")))
+        per, rest = divmod(len(merged), sent or len(merged))
+        if rest:
+            raise BatchError(
+                f"the ranks returned {len(merged)} rows for the {sent} they were sent: not a whole number per "
+                "row, so the padding rows cannot be told apart (a worker method must return the same number "
+                "of rows for every input row)"
+            )
+        return merged.unpad(pad * per)
     if isinstance(first, dict):
         keys = set().union(*results)
         return {k: sum(r[k] for r in results if k in r) / sum(k in r for r in results) for k in keys}

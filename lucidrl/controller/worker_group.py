@@ -235,7 +235,7 @@ class RayWorkerGroup(WorkerGroup):
             futures = [
                 h.run.remote(method, (c, *args[1:]), kwargs) for h, c in zip(self.hosts, chunks, strict=True)
             ]
-            return merge_from_ranks(self._gather(futures, method), pad, mode)
+            return merge_from_ranks(self._gather(futures, method), pad, mode, sum(len(c) for c in chunks))
         if mode is Dispatch.RANK0:
             return self._gather([self.hosts[0].run.remote(method, args, kwargs)], method)[0]
         results = self._gather([h.run.remote(method, args, kwargs) for h in self.hosts], method)

@@ -150,10 +150,15 @@ class ActorWorker:
         mask = batch["response_mask"]
         return Batch(tensors={"old_log_probs": lp * mask, "entropy": ent * mask})
 
-    def _micro_step(self, ub: Batch, weight: float, metrics: dict[str, float]) -> torch.Tensor:
+    def _micro_step(
+        self, ub: Batch, weight: float, metrics: dict[str, float], token_weight: float | None = None
+    ) -> torch.Tensor:
         """Forward and backward of one micro-batch, its loss scaled by `weight`, and its metrics added to
-        `metrics` with the same weight (so they sum to the mini-batch's, as the loss does); returns its
-        entropy aggregated as the loss is (detached), for the entropy metric."""
+        `metrics` weighted so they sum to the mini-batch's: the losses by `weight`, as the loss; the
+        policy loss's token means (clip fractions, ppo_kl) by `token_weight`, the micro-batch's share
+        of the tokens (default: `weight`, which it is under token-mean). Returns its entropy aggregated
+        as the loss is (detached), for the entropy metric."""
+        token_weight = weight if token_weight is None else token_weight
         cfg = self.cfg
         with compute_context(self.model, self.compute_dtype):  # the backward below runs outside it
             log_prob, entropy = response_log_probs(
@@ -194,8 +199,8 @@ class ActorWorker:
             metrics["actor/kl_loss"] += weight * kl_loss.item()
         (loss * weight).backward()
         metrics["actor/pg_loss"] += weight * pg_loss.item()
-        for k, v in pg_metrics.items():
-            metrics[f"actor/{k}"] += weight * float(v)
+        for k, v in pg_metrics.items():  # token means whatever loss_agg_mode is
+            metrics[f"actor/{k}"] += token_weight * float(v)
         return entropy_loss.detach()
 
     def _batch_entropy(self, batch: Batch) -> float:
@@ -219,6 +224,13 @@ class ActorWorker:
     def _loss_weights(self, mb: Batch, ubs: list[Batch]) -> list[float]:
         """Each micro-batch's share of the mini-batch loss (micro_batches.loss_weights)."""
         return loss_weights(mb, ubs, self.cfg.loss_agg_mode, self.world_size)
+
+    def _token_shares(self, mb: Batch, ubs: list[Batch], weights: list[float]) -> list[float]:
+        """Each micro-batch's share of the mini-batch's tokens on all ranks (times the rank count): the
+        weights of token-mean metrics; the loss weights themselves under token-mean."""
+        if self.cfg.loss_agg_mode == "token-mean":
+            return weights
+        return loss_weights(mb, ubs, "token-mean", self.world_size)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each.
@@ -245,7 +257,11 @@ class ActorWorker:
                 # over ranks, the mini-batch's across all of them (a plain mean of micro-batch or rank
                 # means gave token-mean losses that changed with the micro-batching and the rank count)
                 mb_metrics: dict[str, float] = defaultdict(float)
-                entropies = [self._micro_step(ub, w, mb_metrics) for ub, w in zip(ubs, weights, strict=True)]
+                shares = self._token_shares(mb, ubs, weights)
+                entropies = [
+                    self._micro_step(ub, w, mb_metrics, t)
+                    for ub, w, t in zip(ubs, weights, shares, strict=True)
+                ]
                 for k, v in mb_metrics.items():
                     metrics[k].append(v)
                 if entropy is None:

@@ -120,10 +120,16 @@ class CriticWorker:
             for mb in batch.split(self.mini_batch):
                 self.optimizer.zero_grad(set_to_none=True)
                 ubs = [ub for _, ub in self._micro_batches(mb)]
-                mb_metrics: dict[str, float] = defaultdict(float)  # weighted as the loss: see the actor's
-                for ub, weight in zip(
-                    ubs, loss_weights(mb, ubs, cfg.loss_agg_mode, self.world_size), strict=True
-                ):
+                # metrics weighted to sum to the mini-batch's, as the actor's: the loss as it is
+                # weighted, the token means (clip fraction, mean prediction) by token share
+                mb_metrics: dict[str, float] = defaultdict(float)
+                weights = loss_weights(mb, ubs, cfg.loss_agg_mode, self.world_size)
+                shares = (
+                    weights
+                    if cfg.loss_agg_mode == "token-mean"
+                    else loss_weights(mb, ubs, "token-mean", self.world_size)
+                )
+                for ub, weight, share in zip(ubs, weights, shares, strict=True):
                     with compute_context(self.model, self.compute_dtype):
                         vpreds = response_values(self.model, ub)
                     returns, values, mask = ub["returns"], ub["values"], ub["response_mask"]
@@ -136,9 +142,9 @@ class CriticWorker:
                     )
                     (loss * weight).backward()
                     mb_metrics["critic/vf_loss"] += weight * loss.item()
-                    mb_metrics["critic/vf_clipfrac"] += weight * float(m["vf_clipfrac"])
+                    mb_metrics["critic/vf_clipfrac"] += share * float(m["vf_clipfrac"])
                     mask = mask.bool()
-                    mb_metrics["critic/vpred_mean"] += weight * (
+                    mb_metrics["critic/vpred_mean"] += share * (
                         vpreds.detach()[mask].mean().item() if mask.any() else 0.0
                     )
                 for k, v in mb_metrics.items():
