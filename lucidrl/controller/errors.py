@@ -50,6 +50,10 @@ class RemoteFailure:
             user_error=isinstance(exc, UserError),
         )
 
+    @property
+    def where(self) -> str:
+        return f"raised in worker role={self.role} rank={self.rank} host={self.host} during '{self.method}'"
+
     def raise_(self) -> None:
         """Raise this failure on the trainer's side: RemoteUserError for a user error, else RemoteWorkerError."""
         raise (RemoteUserError if self.user_error else RemoteWorkerError)(self)
@@ -62,11 +66,7 @@ class RemoteWorkerError(RuntimeError):
         self.failure = failure
         f = failure
         qual = f.type_name if f.module in ("builtins", "__main__") else f"{f.module}.{f.type_name}"
-        super().__init__(
-            f"{qual}: {f.message}\n"
-            f"  raised in worker role={f.role} rank={f.rank} host={f.host} during '{f.method}'\n"
-            f"  remote traceback:\n{_indent(f.traceback)}"
-        )
+        super().__init__(f"{qual}: {f.message}\n  {f.where}\n  remote traceback:\n{_indent(f.traceback)}")
 
     def __reduce__(self):  # picklable with its single argument
         return (type(self), (self.failure,))
@@ -86,11 +86,8 @@ class RemoteUserError(RemoteWorkerError, UserError):
         if debug_enabled():
             super().__init__(failure)
             return
-        self.failure = f = failure  # the command line names the type: "error (ConfigError): ..."
-        RuntimeError.__init__(
-            self,
-            f"{f.message}\n  raised in worker role={f.role} rank={f.rank} host={f.host} during '{f.method}'",
-        )
+        self.failure = failure  # the command line names the type: "error (ConfigError): ..."
+        RuntimeError.__init__(self, f"{failure.message}\n  {failure.where}")
 
 
 class WorkerDiedError(RuntimeError):

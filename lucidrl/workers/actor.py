@@ -13,7 +13,7 @@ from lucidrl.config.schema import ActorConfig
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import check_chunkable_head, response_log_probs
-from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows
+from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows, token_shares
 from lucidrl.workers.optim import build_optimizer, step_if_finite
 
 
@@ -225,13 +225,6 @@ class ActorWorker:
         """Each micro-batch's share of the mini-batch loss (micro_batches.loss_weights)."""
         return loss_weights(mb, ubs, self.cfg.loss_agg_mode, self.world_size)
 
-    def _token_shares(self, mb: Batch, ubs: list[Batch], weights: list[float]) -> list[float]:
-        """Each micro-batch's share of the mini-batch's tokens on all ranks (times the rank count): the
-        weights of token-mean metrics; the loss weights themselves under token-mean."""
-        if self.cfg.loss_agg_mode == "token-mean":
-            return weights
-        return loss_weights(mb, ubs, "token-mean", self.world_size)
-
     def update(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each.
 
@@ -257,7 +250,7 @@ class ActorWorker:
                 # over ranks, the mini-batch's across all of them (a plain mean of micro-batch or rank
                 # means gave token-mean losses that changed with the micro-batching and the rank count)
                 mb_metrics: dict[str, float] = defaultdict(float)
-                shares = self._token_shares(mb, ubs, weights)
+                shares = token_shares(mb, ubs, cfg.loss_agg_mode, weights, self.world_size)
                 entropies = [
                     self._micro_step(ub, w, mb_metrics, t)
                     for ub, w, t in zip(ubs, weights, shares, strict=True)

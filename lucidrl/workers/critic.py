@@ -17,7 +17,7 @@ from lucidrl.models.loading import ModelLoadError
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.actor import NonFiniteLossError
 from lucidrl.workers.forward import sequence_inputs
-from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows
+from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows, token_shares
 from lucidrl.workers.optim import build_optimizer, step_if_finite
 
 
@@ -124,11 +124,7 @@ class CriticWorker:
                 # weighted, the token means (clip fraction, mean prediction) by token share
                 mb_metrics: dict[str, float] = defaultdict(float)
                 weights = loss_weights(mb, ubs, cfg.loss_agg_mode, self.world_size)
-                shares = (
-                    weights
-                    if cfg.loss_agg_mode == "token-mean"
-                    else loss_weights(mb, ubs, "token-mean", self.world_size)
-                )
+                shares = token_shares(mb, ubs, cfg.loss_agg_mode, weights, self.world_size)
                 for ub, weight, share in zip(ubs, weights, shares, strict=True):
                     with compute_context(self.model, self.compute_dtype):
                         vpreds = response_values(self.model, ub)

@@ -185,6 +185,17 @@ def loss_weights(mb: Batch, ubs: list[Batch], loss_agg_mode: str, world_size: in
     return [world_size * float(ub["response_mask"].sum()) / total for ub in ubs]
 
 
+def token_shares(
+    mb: Batch, ubs: list[Batch], loss_agg_mode: str, weights: list[float], world_size: int = 1
+) -> list[float]:
+    """Each micro-batch's share of the mini-batch's tokens on all ranks (times the rank count): the
+    weights of metrics that are token means whatever the loss mode (clip fractions, ppo_kl). Under
+    token-mean these are the loss `weights` themselves; otherwise one more scalar all-reduce."""
+    if loss_agg_mode == "token-mean":
+        return weights
+    return loss_weights(mb, ubs, "token-mean", world_size)
+
+
 def scatter_rows(parts: list[tuple[torch.Tensor, torch.Tensor]], n_rows: int, width: int) -> torch.Tensor:
     """(n_rows, width) tensor with each part's (len(idx), w <= width) rows at its indices, zeros after w."""
     first = parts[0][1]
