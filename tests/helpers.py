@@ -87,9 +87,9 @@ def write_train_config(tmp_path, kk_data, tiny_model, **sections) -> str:
     return path
 
 
-def lucidrl_train(args: list[str], timeout: int = 600) -> None:
+def lucidrl_train(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
     """`python -m lucidrl train ARGS` in a child process (Ray runs get a process of their own); a failure
-    shows the tail of its output."""
+    shows the tail of its output. Returns the finished process (its stdout and stderr)."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(
         [sys.executable, "-m", "lucidrl", "train", *args],
@@ -99,6 +99,7 @@ def lucidrl_train(args: list[str], timeout: int = 600) -> None:
         timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
 
 
 def make_stopping_model(src: str, dst, every: int = 3) -> str:

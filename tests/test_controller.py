@@ -1,6 +1,7 @@
 """The controller: dispatch, placement, Ray worker groups, remote errors, dead workers."""
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from lucidrl.controller.dispatch import Dispatch, merge_from_ranks, split_for_ra
 from lucidrl.controller.errors import RemoteWorkerError, WorkerDiedError
 from lucidrl.controller.placement import plan_groups
 from lucidrl.controller.probe import ProbeWorker
+from lucidrl.controller.rank_metrics import Combine, RankMetrics, combine_ranks
 from lucidrl.controller.worker_group import LocalWorkerGroup
 
 
@@ -25,7 +27,58 @@ def test_dp_dispatch_pads_to_a_divisor_and_unpads():
     assert back["id"] == list("abcde") and back["x"].tolist() == [0, 1, 2, 3, 4]
     with pytest.raises(BatchError, match="5 samples must divide evenly over 2"):
         split_for_ranks(batch, 2, Dispatch.DP_EXACT, "update_actor")
-    assert merge_from_ranks([{"a": 1.0, "b": 2.0}, {"a": 3.0}], 0, Dispatch.DP_EXACT) == {"a": 2.0, "b": 2.0}
+
+
+def _ranks(*values: dict[str, tuple[float, Combine]]) -> list[RankMetrics]:
+    out = []
+    for v in values:
+        m = RankMetrics()
+        for k, (x, how) in v.items():
+            m.put(k, x, how)
+        out.append(m)
+    return out
+
+
+def test_rank_metrics_combine_as_each_says_and_undeclared_ones_are_refused(caplog):
+    ranks = _ranks(
+        {
+            "loss": (1.0, Combine.MEAN),
+            "n": (3, Combine.SUM),
+            "hi": (2.0, Combine.MAX),
+            "lo": (2.0, Combine.MIN),
+            "lr": (0.1, Combine.SAME),
+        },
+        {
+            "loss": (3.0, Combine.MEAN),
+            "n": (4, Combine.SUM),
+            "hi": (5.0, Combine.MAX),
+            "lo": (-1.0, Combine.MIN),
+            "lr": (0.1, Combine.SAME),
+        },
+    )
+    merged = merge_from_ranks(ranks, 0, Dispatch.DP_EXACT, method="update_actor")
+    assert merged == {"loss": 2.0, "n": 7.0, "hi": 5.0, "lo": -1.0, "lr": 0.1} and type(merged) is dict
+    # what crosses to and from a Ray worker keeps how each metric combines
+    back = pickle.loads(pickle.dumps(ranks[0]))
+    assert isinstance(back, RankMetrics) and back == ranks[0] and back.how == ranks[0].how
+    # one rank: its own metrics, whatever they are
+    assert combine_ranks([{"a": 1.0}]) == {"a": 1.0}
+    # a plain dict, or a key put without its Combine, from several ranks: refused, named
+    with pytest.raises(
+        BatchError, match="update_actor returned metrics from 2 ranks without saying how.*: a, b"
+    ):
+        merge_from_ranks([{"a": 1.0, "b": 2.0}, {"a": 3.0}], 0, Dispatch.DP_EXACT, method="update_actor")
+    ranks[1]["extra_max"] = 9.0
+    with pytest.raises(BatchError, match="without saying how they combine: extra_max"):
+        combine_ranks(ranks)
+    with pytest.raises(BatchError, match="metric x is missing on rank\\(s\\) \\[1\\]"):
+        combine_ranks(_ranks({"x": (1.0, Combine.MEAN)}, {"y": (1.0, Combine.MEAN)}))
+    with pytest.raises(BatchError, match="combines differently by rank"):
+        combine_ranks(_ranks({"x": (1.0, Combine.MEAN)}, {"x": (1.0, Combine.SUM)}))
+    # ranks that disagree on what must be the same: rank 0's value, and a warning that names them
+    with caplog.at_level("WARNING"):
+        assert combine_ranks(_ranks({"g": (1.0, Combine.SAME)}, {"g": (1.5, Combine.SAME)})) == {"g": 1.0}
+    assert "g should be the same on every rank but is 1, 1.5 by rank" in caplog.text
 
 
 def test_local_group_calls_in_process_and_checks_method_names():
@@ -137,7 +190,12 @@ def test_ray_group_dispatches_across_processes_and_reduces(probe_group):
     assert out["x"].tolist() == [0, 1, 2, 3, 4] and out["rank"] == [0, 0, 0, 1, 1]
     assert len(set(out["pid"])) == 2 and os.getpid() not in out["pid"]
     assert probe_group.all_reduce_sum(1.0) == 3.0  # (1+0) + (1+1) through gloo
-    assert probe_group.train_like(Batch(tensors={"x": torch.arange(4)})) == {"samples": 2.0, "rank": 0.5}
+    assert probe_group.train_like(Batch(tensors={"x": torch.arange(4)})) == {
+        "samples": 4.0,  # summed, averaged, maximum, the same: each as it says, through Ray's pickling
+        "rank": 0.5,
+        "rank_max": 1.0,
+        "world_size": 2.0,
+    }
 
 
 @pytest.mark.slow
@@ -158,6 +216,17 @@ def test_unpicklable_worker_exception_arrives_with_type_message_and_traceback(pr
     assert "role=probe rank=0" in text and "host=" in text
     assert 'probe.py", line' in text and "raise TwoArgError" in text  # the remote traceback
     assert info.value.type_name == "TwoArgError"
+
+
+@pytest.mark.slow
+def test_a_result_ray_cannot_pickle_names_the_worker_and_the_cause(probe_group):
+    """Ray's own error around a worker method arrived raw, without role and rank."""
+    with pytest.raises(RemoteWorkerError) as info:
+        probe_group.fail("unpicklable")
+    text = str(info.value)
+    assert text.startswith("TypeError: cannot pickle '_thread.lock' object (raised by Ray around the worker")
+    assert "role=probe rank=0" in text and "during 'fail'" in text and "\x1b[" not in text
+    assert "cloudpickle" in text  # Ray's traceback of the failed pickling
 
 
 @pytest.mark.slow
@@ -195,6 +264,35 @@ def test_a_killed_worker_is_named_not_a_hang(probe_group):
     with pytest.raises(WorkerDiedError, match=r"role=probe rank=0 died during 'where'") as info:
         probe_group.where(Batch(tensors={"x": torch.arange(2)}))
     assert "Worker exit type" in str(info.value)  # Ray's later lines: why it died
+
+
+@pytest.mark.slow
+def test_a_taken_rendezvous_port_is_a_user_error_naming_it_and_the_group_is_cleaned_up(ray_cluster):
+    """It reached the trainer as Ray's own exception, without role or rank, and left the ranks running."""
+    import socket
+
+    from lucidrl.controller.errors import RemoteUserError
+    from lucidrl.controller.worker_group import RayWorkerGroup
+
+    before = {
+        pg_id for pg_id, pg in ray_cluster.util.placement_group_table().items() if pg["state"] != "REMOVED"
+    }
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RemoteUserError) as info:
+            RayWorkerGroup(ProbeWorker, "probe", world_size=2, master_port=port)
+    text = str(info.value)
+    assert (
+        f"trainer.master_port={port} is already in use" in text and "leave trainer.master_port unset" in text
+    )
+    assert "role=probe rank=0" in text and "during 'rendezvous'" in text
+    assert info.value.type_name == "PortInUseError"
+    after = {
+        pg_id for pg_id, pg in ray_cluster.util.placement_group_table().items() if pg["state"] != "REMOVED"
+    }
+    assert after == before  # its placement group was removed (and its ranks killed) on the way out
 
 
 @pytest.mark.slow

@@ -41,7 +41,9 @@ def _train(tmp_path, kk_data, model, name, *extra):
         f"reward.custom_function.path={reward}",
         *extra,
     ]
-    lucidrl_train(args)
+    proc = lucidrl_train(args)
+    # grad_norm, lr, nonfinite_skipped come from one all-reduced gradient: the same on every rank
+    assert "should be the same on every rank" not in proc.stderr, proc.stderr[-3000:]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # responses end early and at different lengths, so ranks' rollouts differ in width (conftest.py)
     assert all(r["response_length/min"] < r["response_length/max"] < 10 for r in records), records

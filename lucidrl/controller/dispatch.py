@@ -8,7 +8,7 @@ A worker method declares its mode with `@dispatch(...)`; the worker group (local
   contiguous chunks, one per rank; the returned Batches are concatenated in rank order and the
   padding removed. For computations (log-probs, values, generation).
 - ``DP_EXACT``: like DP, but the batch must divide evenly: padding would be trained on. For updates;
-  the ranks' metric dicts are averaged.
+  the ranks' metrics are combined as each says (`rank_metrics.RankMetrics`).
 - ``RANK0``: only rank 0 runs it (saving a replicated model, reporting).
 """
 
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from lucidrl.batch import Batch, BatchError, align_widths
+from lucidrl.controller.rank_metrics import combine_ranks
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,8 +72,10 @@ def split_for_ranks(batch: Batch, world_size: int, mode: Dispatch, method: str) 
     return padded.chunk(world_size), pad
 
 
-def merge_from_ranks(results: list[Any], pad: int, mode: Dispatch, sent: int | None = None) -> Any:
-    """Concatenate Batch results (removing padding) or average metric dicts.
+def merge_from_ranks(
+    results: list[Any], pad: int, mode: Dispatch, sent: int | None = None, method: str = "a worker method"
+) -> Any:
+    """Concatenate Batch results (removing padding) or combine metric dicts (rank_metrics.combine_ranks).
 
     Each rank's rollout trims its responses to its own longest one: they are padded to one width here
     (token ids with the rollout's meta['pad_token_id']) before they are joined. `sent`: the rows the
@@ -91,8 +94,7 @@ def merge_from_ranks(results: list[Any], pad: int, mode: Dispatch, sent: int | N
             )
         return merged.unpad(pad * per)
     if isinstance(first, dict):
-        keys = set().union(*results)
-        return {k: sum(r[k] for r in results if k in r) / sum(k in r for r in results) for k in keys}
+        return combine_ranks(results, method)
     if mode is Dispatch.DP:
         return results
     return first

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from lucidrl.diagnostics.errors import UserError
 
-class PortInUseError(OSError):
-    """The configured rendezvous port is taken on the rank-0 host."""
+
+class PortInUseError(OSError, UserError):
+    """The configured rendezvous port is taken on the rank-0 host (a setting to change: a user error)."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -15,6 +17,7 @@ import torch.distributed as dist
 from lucidrl.batch import Batch
 from lucidrl.controller.dispatch import Dispatch, dispatch
 from lucidrl.controller.distributed import DistInfo, init_process_group
+from lucidrl.controller.rank_metrics import Combine, RankMetrics
 from lucidrl.diagnostics.errors import UserError
 
 
@@ -51,8 +54,14 @@ class ProbeWorker:
         )
 
     @dispatch(Dispatch.DP_EXACT)
-    def train_like(self, batch: Batch) -> dict[str, float]:
-        return {"samples": float(len(batch)), "rank": float(self.rank)}
+    def train_like(self, batch: Batch) -> RankMetrics:
+        """Metrics of each way of combining across ranks (checks they survive the trip through Ray)."""
+        out = RankMetrics()
+        out.put("samples", len(batch), Combine.SUM)
+        out.mean("rank", self.rank)
+        out.put("rank_max", self.rank, Combine.MAX)
+        out.same("world_size", self.world_size)
+        return out
 
     @dispatch(Dispatch.ALL)
     def all_reduce_sum(self, value: float) -> float:
@@ -67,10 +76,13 @@ class ProbeWorker:
         return os.getpid()
 
     @dispatch(Dispatch.RANK0)
-    def fail(self, kind: str) -> None:
-        """Raise an unpicklable exception, a user error, or exit the process, on purpose."""
+    def fail(self, kind: str) -> Any:
+        """Raise an unpicklable exception, a user error, exit the process, or return what cannot be
+        pickled, on purpose."""
         if kind == "exit":
             os._exit(13)
+        if kind == "unpicklable":
+            return threading.Lock()
         if kind == "user":
             raise ProbeInputError("probe.value=-1 must be positive; set probe.value=1")
         raise TwoArgError("worker-side detail", 42)

@@ -17,7 +17,7 @@ from typing import Any
 
 from lucidrl.controller.dispatch import Dispatch, dispatch_mode, merge_from_ranks, split_for_ranks
 from lucidrl.controller.distributed import DistInfo, node_ip, pick_port
-from lucidrl.controller.errors import RemoteFailure, WorkerDiedError
+from lucidrl.controller.errors import RemoteFailure, RemoteWorkerError, WorkerDiedError
 from lucidrl.diagnostics.debug import debug_enabled
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -66,9 +66,13 @@ class _RankHost:
         self.role, self.rank, self.worker = role, rank, None
         torch.set_num_threads(num_threads)
 
-    def rendezvous(self, port: int | None) -> tuple[str, int]:
-        host = node_ip()
-        return host, pick_port(host, port)
+    def rendezvous(self, port: int | None) -> tuple[str, Any]:
+        """(this host's address, a free port or `port`), or the failure (a taken port) as run's are."""
+        try:
+            host = node_ip()
+            return "ok", (host, pick_port(host, port))
+        except BaseException as e:  # noqa: BLE001
+            return "error", RemoteFailure.capture(e, role=self.role, rank=self.rank, method="rendezvous")
 
     def init_worker(self, worker_cls: type, args: tuple, kwargs: dict) -> tuple[str, Any]:
         try:
@@ -149,7 +153,6 @@ class RayWorkerGroup(WorkerGroup):
     ):
         import ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.worker_cls, self.role, self.world_size = worker_cls, role, world_size
         if world_size % nodes:
@@ -172,8 +175,33 @@ class RayWorkerGroup(WorkerGroup):
                 f"a Ray instance of its own on this host: for a cluster started with `ray start`, set "
                 f"trainer.ray_address=auto or HOST:PORT)"
             ) from None
+        self.hosts: list[Any] = []
+        try:
+            self._start(
+                worker_cls, args, kwargs, per_node, cpus_per_rank, gpus_per_rank, master_port, backend
+            )
+        except BaseException:  # a rank that failed to start: the others and the placement go too
+            self.shutdown()
+            raise
+
+    def _start(
+        self,
+        worker_cls: type,
+        args: tuple,
+        kwargs: dict,
+        per_node: int,
+        cpus_per_rank: int,
+        gpus_per_rank: int,
+        master_port: int | None,
+        backend: str,
+    ) -> None:
+        """Start one _RankHost per rank in the placement group, rendezvous, and build the workers."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        role, world_size = self.role, self.world_size
         host_cls = ray.remote(_RankHost)
-        self.hosts = [
+        self.hosts[:] = [
             host_cls.options(
                 num_cpus=cpus_per_rank,
                 num_gpus=gpus_per_rank,
@@ -183,7 +211,7 @@ class RayWorkerGroup(WorkerGroup):
             ).remote(role, i, cpus_per_rank)
             for i in range(world_size)
         ]
-        addr, port = self._get(self.hosts[0].rendezvous.remote(master_port), 0, "rendezvous")
+        addr, port = self._gather([self.hosts[0].rendezvous.remote(master_port)], "rendezvous")[0]
         if debug_enabled():
             print(
                 f"[lucidrl debug] {role}: {world_size} Ray ranks, rendezvous {addr}:{port} ({backend})",
@@ -212,6 +240,23 @@ class RayWorkerGroup(WorkerGroup):
                 f"{type(e).__name__}: {cause}",
                 failed_to_start=bool(e.actor_init_failed),
             ) from None
+        except ray.exceptions.RayTaskError as e:
+            # not the method's own exception (run and init_worker send those back as values) but Ray's
+            # around it, e.g. a result it could not pickle: named with its worker all the same
+            cause = e.cause if e.cause is not None else e
+            raise RemoteWorkerError(
+                RemoteFailure(
+                    type_name=type(cause).__qualname__,
+                    module=type(cause).__module__,
+                    message=f"{cause} (raised by Ray around the worker method: a result or argument it could "
+                    "not pickle, for one)",
+                    traceback=_ANSI.sub("", str(e)),
+                    role=self.role,
+                    rank=rank,
+                    host=str(getattr(e, "ip", None) or "?"),
+                    method=method,
+                )
+            ) from None
 
     def _gather(self, futures: list[Any], method: str) -> list[Any]:
         """Wait for every rank; raise at the first failure (the others may be stuck in a collective with it)."""
@@ -235,7 +280,8 @@ class RayWorkerGroup(WorkerGroup):
             futures = [
                 h.run.remote(method, (c, *args[1:]), kwargs) for h, c in zip(self.hosts, chunks, strict=True)
             ]
-            return merge_from_ranks(self._gather(futures, method), pad, mode, sum(len(c) for c in chunks))
+            sent = sum(len(c) for c in chunks)
+            return merge_from_ranks(self._gather(futures, method), pad, mode, sent, method)
         if mode is Dispatch.RANK0:
             return self._gather([self.hosts[0].run.remote(method, args, kwargs)], method)[0]
         results = self._gather([h.run.remote(method, args, kwargs) for h in self.hosts], method)

@@ -10,6 +10,7 @@ from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.algos.aggregation import norm_width, pad_response_width
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig
+from lucidrl.controller.rank_metrics import Combine, RankMetrics
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import check_chunkable_head, response_log_probs
@@ -225,7 +226,7 @@ class ActorWorker:
         """Each micro-batch's share of the mini-batch loss (micro_batches.loss_weights)."""
         return loss_weights(mb, ubs, self.cfg.loss_agg_mode, self.world_size)
 
-    def update(self, batch: Batch) -> dict[str, float]:
+    def update(self, batch: Batch) -> RankMetrics:
         """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each.
 
         The learning-rate schedule advances once per update (one RL step), as verl's does, however
@@ -272,10 +273,14 @@ class ActorWorker:
                 f"all {steps} optimizer steps of this update had a non-finite gradient norm (NaN/inf loss); "
                 f"lower actor.optim.lr, check the rewards for NaN, or use model.dtype=float32"
             )
-        out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        # mean over the mini-batches; across ranks: the pre-weighted parts average to the batch's, and
+        # what the all-reduced gradient or the settings decide is the same on every rank (checked)
+        out = RankMetrics()
+        for k, v in metrics.items():
+            out.put(k, sum(v) / len(v), Combine.SAME if k == "actor/grad_norm" else Combine.MEAN)
         if cfg.use_kl_loss:
-            out["actor/kl_coef"] = cfg.kl_loss_coef
-        out["actor/entropy"] = entropy
-        out["actor/lr"] = lr
-        out["actor/nonfinite_skipped"] = float(skipped)
+            out.same("actor/kl_coef", cfg.kl_loss_coef)
+        out.mean("actor/entropy", entropy)
+        out.same("actor/lr", lr)
+        out.same("actor/nonfinite_skipped", skipped)  # the ranks skip together: one all-reduced gradient
         return out

@@ -13,6 +13,7 @@ from lucidrl.algos import compute_value_loss
 from lucidrl.algos.aggregation import norm_width, pad_response_width
 from lucidrl.batch import Batch
 from lucidrl.config.schema import CriticConfig
+from lucidrl.controller.rank_metrics import Combine, RankMetrics
 from lucidrl.models.loading import ModelLoadError
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.actor import NonFiniteLossError
@@ -107,7 +108,7 @@ class CriticWorker:
         values = scatter_rows(parts, len(batch), batch["responses"].shape[1])
         return Batch(tensors={"values": values * batch["response_mask"]})
 
-    def update(self, batch: Batch) -> dict[str, float]:
+    def update(self, batch: Batch) -> RankMetrics:
         """ppo_epochs passes over mini-batches; one optimizer step each, and one step of the learning-rate
         schedule per update (per RL step) as the actor's. A step whose gradient norm is not finite is
         skipped and counted (critic/nonfinite_skipped); an update where every step is raises."""
@@ -158,7 +159,9 @@ class CriticWorker:
                 f"all {steps} critic optimizer steps of this update had a non-finite gradient norm; "
                 "lower critic.optim.lr or check the rewards for NaN"
             )
-        out = {k: sum(v) / len(v) for k, v in metrics.items()}
-        out["critic/lr"] = lr
-        out["critic/nonfinite_skipped"] = float(skipped)
+        out = RankMetrics()  # combined across ranks as the actor's
+        for k, v in metrics.items():
+            out.put(k, sum(v) / len(v), Combine.SAME if k == "critic/grad_norm" else Combine.MEAN)
+        out.same("critic/lr", lr)
+        out.same("critic/nonfinite_skipped", skipped)
         return out

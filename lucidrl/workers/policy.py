@@ -34,6 +34,7 @@ from lucidrl.controller.distributed import (
     unwrap,
     wrap_for_training,
 )
+from lucidrl.controller.rank_metrics import RankMetrics
 from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
 from lucidrl.models.loading import DTYPES
@@ -268,11 +269,11 @@ class PolicyWorker:
         return self._out(self._need("reward_model", self.reward_model).compute_rm_score(batch))
 
     @dispatch(Dispatch.DP_EXACT)
-    def update_actor(self, batch: Batch) -> dict[str, float]:
+    def update_actor(self, batch: Batch) -> RankMetrics:
         return self._need("actor", self.actor).update(self._in(batch))
 
     @dispatch(Dispatch.DP_EXACT)
-    def update_critic(self, batch: Batch) -> dict[str, float]:
+    def update_critic(self, batch: Batch) -> RankMetrics:
         return self._need("critic", self.critic).update(self._in(batch))
 
     @dispatch(Dispatch.ALL)
