@@ -162,6 +162,60 @@ def test_pruning_keeps_the_new_checkpoint_and_drops_an_abandoned_continuation(tm
     assert checkpoint.latest_checkpoint(tmp_path) == root / "global_step_4"
 
 
+def test_a_checkpoint_is_on_disk_before_its_name_is(tmp_path, monkeypatch):
+    """The renames that make a checkpoint (and an exported model folder) final came with no fsync: after a
+    power loss the folder could be complete by name and empty inside, and `latest` empty."""
+    import os
+
+    from lucidrl.models.saving import save_hf_folder
+
+    events: list[tuple[str, str]] = []
+    fsync, rename, replace = os.fsync, os.rename, os.replace
+
+    def record_fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    def recorder(kind, real):
+        def call(src, dst):
+            events.append((kind, str(Path(dst).resolve())))
+            real(src, dst)
+
+        return call
+
+    monkeypatch.setattr(os, "fsync", record_fsync)
+    monkeypatch.setattr(os, "rename", recorder("rename", rename))
+    monkeypatch.setattr(os, "replace", recorder("replace", replace))
+    tmp = checkpoint.begin(tmp_path, 3)
+    (tmp / "actor").mkdir()
+    (tmp / "actor" / "model.safetensors").write_bytes(b"weights")
+    (tmp / "trainer_state.json").write_text("{}")
+    final = checkpoint.commit(tmp, keep=None).resolve()
+    at = {e: i for i, e in enumerate(events)}
+    moved = at[("rename", str(final))]
+    for name in ("actor/model.safetensors", "trainer_state.json", "actor"):
+        assert at[("fsync", str(tmp.resolve() / name))] < moved, (name, events)
+    latest = final.parent / "latest"
+    assert at[("fsync", str(latest.with_suffix(".tmp")))] < at[("replace", str(latest))]
+    assert at[("fsync", str(final.parent))] > at[("replace", str(latest))]  # the names themselves
+    # a model folder written by save_pretrained: the same order
+    events.clear()
+
+    class Saves:
+        def __init__(self, name):
+            self.name = name
+
+        def save_pretrained(self, path):
+            Path(path).mkdir(exist_ok=True)
+            (Path(path) / self.name).write_text("x")
+
+    out = save_hf_folder(Saves("model.safetensors"), Saves("tokenizer.json"), tmp_path / "export")
+    at = {e: i for i, e in enumerate(events)}
+    tmp_out = str(out) + ".tmp"
+    for name in ("/model.safetensors", "/tokenizer.json", ""):
+        assert at[("fsync", tmp_out + name)] < at[("rename", str(out))] < at[("fsync", str(out.parent))]
+
+
 def test_saving_a_step_again_never_leaves_latest_naming_a_missing_folder(tmp_path, monkeypatch):
     """commit deleted the old folder of the same step, then renamed the new one in: a kill in between
     left `latest` naming nothing. Now the old one is moved aside and comes back if the save dies."""

@@ -32,6 +32,7 @@ import torch
 import yaml
 
 from lucidrl.config.loader import flat_keys
+from lucidrl.models.saving import fsync_dir, fsync_tree
 from lucidrl.workers.train_state import (
     CheckpointError,
     check_train_state,
@@ -164,8 +165,13 @@ def continue_from(run_dir: Path, path: Path, step: int) -> int:
 def point_latest(final: Path) -> None:
     """checkpoints/latest names `final`, replaced atomically."""
     pointer = final.parent / LATEST
-    pointer.with_suffix(".tmp").write_text(final.name + "\n")
-    os.replace(pointer.with_suffix(".tmp"), pointer)
+    tmp = pointer.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        f.write(final.name + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the name does (else `latest` may come back empty)
+    os.replace(tmp, pointer)
+    fsync_dir(pointer.parent)
 
 
 def drop_metrics_after(run_dir: Path, step: int) -> int:
@@ -209,6 +215,7 @@ def commit(tmp: Path, keep: int | None) -> Path:
         if replaced.exists():
             shutil.rmtree(replaced)
         os.rename(final, replaced)
+    fsync_tree(tmp)  # every shard on disk before the folder is complete by name
     os.rename(tmp, final)
     point_latest(final)
     if replaced is not None:
