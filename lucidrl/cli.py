@@ -130,6 +130,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         dtype=getattr(torch, args.dtype),
         accept_weights=args.accept_weights,
+        max_request_samples=args.max_request_samples,
     )
     return 0
 
@@ -398,6 +399,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default=None, help="address to bind (default 127.0.0.1; others are exposed to the network)"
     )
     serve.add_argument("--max-batch", type=int, default=64, help="sequences per generate call (default 64)")
+    serve.add_argument(
+        "--max-request-samples",
+        type=int,
+        default=65536,
+        help="most prompts x n one request may ask for (default 65536); more is refused with a 400",
+    )
     serve.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     serve.add_argument(
         "--accept-weights",

@@ -123,6 +123,8 @@ def test_logprob_tokens_are_text_pieces_and_a_tiny_temperature_is_greedy(served,
         ({"prompt": "hi", "temperature": -1}, "temperature", "-1"),
         ({"prompt": [[1, 2], [10**9]]}, "prompt", "1000000000"),
         ({"prompt": "hi", "n": 0}, "n", "n=0"),
+        # refused before any generation: this would have held the server for hours
+        ({"prompt": ["hi", "ho"], "n": 40000}, "n", "2 prompt(s) x n=40000 = 80000 samples is more than"),
         ({"prompt": "hi", "stop": ["\n"]}, "stop", "not supported"),
         ({"prompt": "hi", "logprobs": 5}, "logprobs", "logprobs=5"),
         ({"prompt": "hi", "frobnicate": 1}, "frobnicate", "unknown field"),

@@ -92,9 +92,16 @@ GREEDY_BELOW = 1e-5  # a temperature below this is greedy decoding, as in vLLM
 
 
 def parse_completion_request(
-    body: Any, *, served_model: str, tokenizer: Any, vocab_size: int, max_positions: int | None
+    body: Any,
+    *,
+    served_model: str,
+    tokenizer: Any,
+    vocab_size: int,
+    max_positions: int | None,
+    max_samples: int | None = None,
 ) -> CompletionRequest:
-    """Validate a decoded JSON body; raise RequestError naming the first bad field."""
+    """Validate a decoded JSON body; raise RequestError naming the first bad field. `max_samples`: the
+    most prompts x n one request may ask for (None: no limit)."""
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got a JSON {type(body).__name__}", None)
     for key, value in body.items():
@@ -148,6 +155,13 @@ def parse_completion_request(
         logprobs=logprobs,
         return_token_ids=_boolean(body, "return_token_ids", False),
     )
+    if max_samples is not None and len(prompts) * req.n > max_samples:
+        raise RequestError(
+            f"{len(prompts)} prompt(s) x n={req.n} = {len(prompts) * req.n} samples is more than this server "
+            f"takes in one request ({max_samples}: lucidrl serve --max-request-samples); split the request "
+            "or lower n",
+            "n",
+        )
     if max_positions is not None:
         longest = max(len(p) for p in prompts)
         if longest + req.max_tokens > max_positions:

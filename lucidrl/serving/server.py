@@ -43,6 +43,9 @@ from lucidrl.workers.rollout_server import WEIGHTS_PATH
 
 log = logging.getLogger("lucidrl.serving")
 MAX_BODY_BYTES = 64 * 1024 * 1024
+# prompts x n one request may ask for: a request for millions of samples would hold the server for hours
+# and their tokens in memory; a trainer's step asks for its rank's batch x rollout.n
+DEFAULT_MAX_REQUEST_SAMPLES = 65536
 
 
 class CompletionEngine:
@@ -56,8 +59,10 @@ class CompletionEngine:
         *,
         max_batch: int = 64,
         accept_weights: bool = False,
+        max_request_samples: int | None = DEFAULT_MAX_REQUEST_SAMPLES,
     ):
         self.model = model.eval()
+        self.max_request_samples = max_request_samples
         self.accept_weights = accept_weights
         self.weights_version = 0  # weight updates taken so far
         self.tokenizer = tokenizer
@@ -75,6 +80,7 @@ class CompletionEngine:
             tokenizer=self.tokenizer,
             vocab_size=self.vocab_size,
             max_positions=self.max_positions,
+            max_samples=self.max_request_samples,
         )
 
     def complete(self, req: CompletionRequest) -> dict[str, Any]:
@@ -409,6 +415,7 @@ def make_server(
     dtype: torch.dtype = torch.float32,
     device: str | None = None,
     accept_weights: bool = False,
+    max_request_samples: int | None = DEFAULT_MAX_REQUEST_SAMPLES,
 ) -> tuple[ThreadingHTTPServer, ServerHandle]:
     """Bind a completions server for the HF model folder `model_path`; call handle.start() to serve.
 
@@ -425,6 +432,8 @@ def make_server(
         )
     if max_batch < 1:
         raise UsageError(f"--max-batch={max_batch} must be >= 1")
+    if max_request_samples is not None and max_request_samples < 1:
+        raise UsageError(f"--max-request-samples={max_request_samples} must be >= 1")
     try:
         server = _Server((host, port), _Handler, bind_and_activate=True)
     except OSError as e:
@@ -438,7 +447,12 @@ def make_server(
         check_tokenizer_matches_model(model, tokenizer, model_path)
         target = device or ("cuda" if torch.cuda.is_available() else "cpu")
         server.engine = CompletionEngine(
-            model.to(target), tokenizer, model_path, max_batch=max_batch, accept_weights=accept_weights
+            model.to(target),
+            tokenizer,
+            model_path,
+            max_batch=max_batch,
+            accept_weights=accept_weights,
+            max_request_samples=max_request_samples,
         )
     except BaseException:
         server.server_close()
@@ -454,6 +468,7 @@ def run_server(
     max_batch: int = 64,
     dtype: torch.dtype = torch.float32,
     accept_weights: bool = False,
+    max_request_samples: int | None = DEFAULT_MAX_REQUEST_SAMPLES,
 ) -> None:
     """The `lucidrl serve` command: serve until SIGINT or SIGTERM, then shut down cleanly."""
     explicit = host is not None
@@ -473,6 +488,7 @@ def run_server(
         allow_non_loopback=explicit,
         dtype=dtype,
         accept_weights=accept_weights,
+        max_request_samples=max_request_samples,
     )
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
