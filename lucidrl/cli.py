@@ -88,10 +88,19 @@ def _cmd_model_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_keys(schema: type) -> int:
+    from lucidrl.config.loader import describe_keys
+
+    print("\n".join(describe_keys(schema)))
+    return 0
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
-    from lucidrl.config import load_config
+    from lucidrl.config import LucidConfig, load_config
     from lucidrl.trainer.ppo import PPOTrainer
 
+    if args.help_config:
+        return _print_keys(LucidConfig)
     config_path, overrides = _split_config_args(args.args)
     cfg = load_config(config_path, overrides)
     trainer = PPOTrainer(cfg)
@@ -105,6 +114,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from lucidrl.config import SFTConfig, load_config
     from lucidrl.trainer.sft import SFTTrainer
 
+    if args.help_config:
+        return _print_keys(SFTConfig)
     config_path, overrides = _split_config_args(args.args)
     trainer = SFTTrainer(load_config(config_path, overrides, schema=SFTConfig))
     run_dir = trainer.fit()
@@ -302,10 +313,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train from a YAML config plus key=value overrides")
     train.add_argument("args", nargs="*", metavar="CONFIG.yaml key=value", help="config file, then overrides")
+    train.add_argument(
+        "--help-config", action="store_true", help="print every config key, its default and type"
+    )
     train.set_defaults(fn=_cmd_train)
 
     sft = sub.add_parser("sft", help="supervised fine-tuning on (prompt, response) parquet")
     sft.add_argument("args", nargs="*", metavar="CONFIG.yaml key=value", help="config file, then overrides")
+    sft.add_argument(
+        "--help-config", action="store_true", help="print every config key, its default and type"
+    )
     sft.set_defaults(fn=_cmd_sft)
 
     data = sub.add_parser("data", help="generate task data").add_subparsers(dest="task", required=True)

@@ -95,6 +95,39 @@ def test_token_budgets_must_hold_one_whole_sample():
     assert cfg.actor.use_dynamic_bsz and cfg.actor.ppo_max_token_len_per_gpu == 16384
 
 
+def test_an_override_inside_a_mapping_changes_that_key_alone(tmp_path):
+    """`placement.pools.global.devices_per_node=2 placement.pools.global.nodes=1` meant one device: each
+    override replaced the whole mapping, resetting what the file and earlier overrides had set."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "trainer: {backend: ray}\nplacement: {pools: {global: {nodes: 1, devices_per_node: 4}}}\n"
+    )
+    cfg = load_config(path, ["placement.pools.global.nodes=2", "placement.pools.extra.devices_per_node=3"])
+    assert {k: (p.nodes, p.devices_per_node) for k, p in cfg.placement.pools.items()} == {
+        "global": (2, 4),
+        "extra": (1, 3),
+    }
+    cfg = load_config(
+        None,
+        [
+            "trainer.backend=ray",
+            "placement.pools.global.devices_per_node=2",
+            "placement.pools.global.nodes=1",
+        ],
+    )
+    assert cfg.placement.pools["global"].devices_per_node == 2
+    # the whole mapping, or a whole entry, is still replaced when it is what the override names
+    cfg = load_config(path, ["placement.pools={global: {devices_per_node: 2}}"])
+    assert (cfg.placement.pools["global"].nodes, cfg.placement.pools["global"].devices_per_node) == (1, 2)
+    cfg = load_config(path, ["placement.pools.global={devices_per_node: 2}"])
+    assert (cfg.placement.pools["global"].nodes, cfg.placement.pools["global"].devices_per_node) == (1, 2)
+    kw = ["reward.custom_function.reward_kwargs.a=1", "reward.custom_function.reward_kwargs.b.c=2"]
+    cfg = load_config(None, [*kw, "reward.custom_function.reward_kwargs.b.d=3"])
+    assert cfg.reward.custom_function.reward_kwargs == {"a": 1, "b": {"c": 2, "d": 3}}
+    with pytest.raises(ConfigError, match="unknown config key 'placement.pools.global.nodez'"):
+        load_config(None, ["placement.pools.global.nodez=1"])
+
+
 def test_parse_override_types():
     assert parse_override("a.b=8") == ("a.b", 8)
     assert parse_override("a.b=1e-4") == ("a.b", 1e-4)
@@ -117,3 +150,26 @@ def test_shipped_example_configs_load():
     assert examples
     for path in examples:
         load_config(path)
+
+
+def test_help_config_lists_every_key_the_unknown_key_error_points_to(capsys):
+    """The error for an unknown key said `lucidrl train --help-config`, which did not exist."""
+    from lucidrl.cli import main
+    from lucidrl.config.loader import _all_keys
+    from lucidrl.config.schema import LucidConfig, SFTConfig
+
+    with pytest.raises(ConfigError, match="see `lucidrl train --help-config` for every key"):
+        load_config(None, ["zzzz.qqqq=1"])
+    for command, schema in (("train", LucidConfig), ("sft", SFTConfig)):
+        assert main([command, "--help-config"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        listed = {line.split(" = ")[0] for line in lines}
+        leaves = {k for k in _all_keys(schema) if not any(o.startswith(k + ".") for o in _all_keys(schema))}
+        assert listed == leaves, leaves ^ listed
+    assert main(["train", "--help-config"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "actor.optim.lr = 1.0e-06  (float)" in out
+        and "reward.custom_function.reward_kwargs = {}  (dict)" in out
+    )
+    assert "placement.pools = {global: {devices_per_node: 1, nodes: 1}}  (dict)" in out

@@ -62,6 +62,9 @@ def test_gsm8k_sources_use_the_last_hash_answer(source):
         ("Answer: 41", "42", -1.0),
         ("Answer: 0.5", "\\frac{1}{2}", -1.0),  # no algebra, as in verl
         ("the answer is 42", "42", -1.0),  # no "Answer:" line
+        ("so the answer is \\boxed{\\frac12}", "\\frac{1}{2}", 1.0),  # none: the last box, as verl now does
+        ("\\boxed{42}" + " " * 120, "42", -1.0),  # the box only in the last 100 characters
+        ("Answer: 41, or \\boxed{42}", "42", -1.0),  # an "Answer:" line wins over a box
         ("Answer: 42" + " " * 400, "42", -1.0),  # outside the last 300 characters
     ],
 )
@@ -70,6 +73,54 @@ def test_verls_dapo_math_sources_use_the_answer_line_rule(response, truth, score
     read 'math' as the boxed MATH rule (0/1 on \\boxed{}), so 'Answer: 42' scored 0."""
     for source in ("math", "math_dapo", "math_dapo_reasoning", "aime2024"):
         assert default_compute_score(source, response, truth) == {"score": score, "acc": float(score > 0)}
+
+
+def test_dapos_strict_box_verify_reads_the_box_only_and_compares_it_as_written():
+    from lucidrl.rewards.math_dapo import compute_score
+
+    assert compute_score("so \\boxed{42}", "42", strict_box_verify=True)["acc"] == 1.0
+    assert compute_score("Answer: 42", "42", strict_box_verify=True)["acc"] == 0.0  # no box
+    assert compute_score("so \\boxed{\\frac12}", "\\frac{1}{2}", strict_box_verify=True)["score"] == -1.0
+    assert compute_score("so \\boxed{\\frac12}", "\\frac{1}{2}")["score"] == 1.0  # normalised otherwise
+
+
+def test_reward_kwargs_reach_the_custom_function_and_bad_ones_are_refused(tmp_path):
+    """verl's custom_reward_function.reward_kwargs: the way to DAPO's strict_box_verify, for one."""
+    from lucidrl.config import load_config
+    from lucidrl.rewards.manager import RuleRewardManager
+
+    path = tmp_path / "strict.py"
+    path.write_text(
+        "from lucidrl.rewards.math_dapo import compute_score as dapo\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, strict_box_verify=False):\n"
+        "    return dapo(solution_str, ground_truth, extra_info, strict_box_verify=strict_box_verify)\n"
+    )
+    cfg = load_config(
+        None,
+        [
+            f"reward.custom_function.path={path}",
+            "reward.custom_function.reward_kwargs.strict_box_verify=true",
+        ],
+    )
+    fn_cfg = cfg.reward.custom_function
+    assert fn_cfg.reward_kwargs == {"strict_box_verify": True}
+    manager = RuleRewardManager.from_config(None, fn_cfg.path, fn_cfg.name, fn_cfg.reward_kwargs)
+    call = {"data_source": "math", "ground_truth": "\\frac{1}{2}", "extra_info": None}
+    assert manager.compute_score(solution_str="so \\boxed{\\frac12}", **call)["acc"] == 0.0  # strict
+    assert (
+        load_custom_function(str(path), "compute_score")(solution_str="so \\boxed{\\frac12}", **call)["acc"]
+        == 1.0
+    )
+    with pytest.raises(
+        CustomFunctionError, match="does not take reward.custom_function.reward_kwargs=.'strictt'"
+    ):
+        load_custom_function(str(path), "compute_score", {"strictt": True})
+    with pytest.raises(CustomFunctionError, match="sets ground_truth, which every call passes itself"):
+        load_custom_function(str(path), "compute_score", {"ground_truth": "1"})
+    with pytest.raises(
+        CustomFunctionError, match="reward_kwargs=.* is set but reward.custom_function.path is not"
+    ):
+        RuleRewardManager.from_config(None, None, "compute_score", {"strict_box_verify": True})
 
 
 def test_unknown_data_source_lists_known_ones_and_suggests_the_close_one():

@@ -7,6 +7,7 @@ impossible batch arithmetic says which numbers to change.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import importlib.util
@@ -54,7 +55,10 @@ def _unknown_key_error(key: str, source: str, root: type) -> ConfigError:
         by_leaf = {k.rsplit(".", 1)[-1]: k for k in known}
         hit = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)
         close = [by_leaf[hit[0]]] if hit else []
-    hint = f"; did you mean '{close[0]}'?" if close else "; see `lucidrl train --help-config` for every key"
+    command = "sft" if root is SFTConfig else "train"
+    hint = (
+        f"; did you mean '{close[0]}'?" if close else f"; see `lucidrl {command} --help-config` for every key"
+    )
     return ConfigError(f"unknown config key '{key}' (from {source}){hint}")
 
 
@@ -211,9 +215,61 @@ def load_config(
         _apply(cfg, _yaml_float_fix(data), "", f"file {path}")
     for text in overrides or []:
         key, value = parse_override(text)
-        _apply(cfg, _nest(key, value), "", f"command-line override '{text}'")
+        source = f"command-line override '{text}'"
+        if not _set_inside_dict(cfg, key, value, source):
+            _apply(cfg, _nest(key, value), "", source)
     validate(cfg)
     return cfg
+
+
+def _deep_merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    out = dict(old)
+    for k, v in new.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
+    return out
+
+
+def _set_inside_dict(cfg: Any, key: str, value: Any, source: str) -> bool:
+    """An override that names a key inside a mapping-valued field (`placement.pools.global.nodes=1`,
+    `reward.custom_function.reward_kwargs.x=2`) changes that key alone: the mapping's other keys, and
+    the entry's other fields, keep what the defaults, the file or earlier overrides gave them. (Applied
+    as a nested mapping, it replaced the whole field: `placement.pools.global.devices_per_node=2
+    placement.pools.global.nodes=1` meant one device.) Returns False for any other key, which _apply
+    then sets (or reports as unknown)."""
+    parts = key.split(".")
+    node, prefix = cfg, ""
+    for i, name in enumerate(parts[:-1]):
+        if not dataclasses.is_dataclass(node):
+            return False
+        hints = get_type_hints(type(node))
+        if name not in hints:
+            return False
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            node, prefix = getattr(node, name), f"{prefix}{name}."
+            continue
+        if get_origin(hint) is not dict:
+            return False
+        field_key, (_, value_type) = f"{prefix}{name}", get_args(hint)
+        current = dict(getattr(node, name) or {})
+        sub, rest = parts[i + 1], parts[i + 2 :]
+        if dataclasses.is_dataclass(value_type):
+            # a named field of an existing entry changes alone; the entry itself (no field): replaced
+            item = copy.deepcopy(current[sub]) if rest and sub in current else value_type()
+            data = _nest(".".join(rest), value) if rest else value
+            _apply(item, data if data is not None else {}, f"{field_key}.{sub}.", source, root=value_type)
+            current[sub] = item
+        else:
+            old = current.get(sub)
+            data = (
+                _deep_merge(old if isinstance(old, dict) else {}, _nest(".".join(rest), value))
+                if rest
+                else value
+            )
+            current[sub] = _coerce(data, value_type, f"{field_key}.{sub}", source)
+        setattr(node, name, current)
+        return True
+    return False
 
 
 def config_from_dict(data: dict[str, Any], source: str = "dict", schema: type[T] = LucidConfig) -> T:
@@ -664,6 +720,34 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+def describe_keys(schema: type = LucidConfig) -> list[str]:
+    """One line per config key of `schema`: `key = default  (type)`, in schema order (--help-config)."""
+    lines: list[str] = []
+
+    def walk(obj: Any, prefix: str) -> None:
+        hints = get_type_hints(type(obj))
+        for f in dataclasses.fields(obj):
+            value, hint, key = getattr(obj, f.name), hints[f.name], f"{prefix}{f.name}"
+            if dataclasses.is_dataclass(hint):
+                walk(value, key + ".")
+                continue
+            shown = _asdict(value)
+            lines.append(
+                f"{key} = {yaml.safe_dump(shown, default_flow_style=True).strip().removesuffix('...').strip()}  ({_type_name(hint)})"
+            )
+
+    walk(schema(), "")
+    return lines
+
+
+def _asdict(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: _asdict(v) for k, v in value.items()}
+    return value
+
+
 __all__ = [
     "ConfigError",
     "load_config",
@@ -672,4 +756,5 @@ __all__ = [
     "validate",
     "to_dict",
     "flat_keys",
+    "describe_keys",
 ]

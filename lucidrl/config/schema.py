@@ -9,7 +9,7 @@ unknown keys, wrong types and impossible batch arithmetic.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass
@@ -236,6 +236,9 @@ class CustomRewardFunctionConfig:
         None  # a .py file defining compute_score(data_source, solution_str, ground_truth, extra_info)
     )
     name: str = "compute_score"
+    # extra keyword arguments for every call (verl's custom_reward_function.reward_kwargs), e.g.
+    # {strict_box_verify: true} for lucidrl.rewards.math_dapo.compute_score wrapped in a file of yours
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

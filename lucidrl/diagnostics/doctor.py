@@ -685,7 +685,11 @@ def check_rewards(cfg: Any, samples: list) -> Check:
     from lucidrl.rewards.registry import _qualname, default_compute_score, get_reward_function
 
     fn_cfg = cfg.reward.custom_function
-    custom = load_custom_function(fn_cfg.path, fn_cfg.name) if fn_cfg.path else None
+    if fn_cfg.reward_kwargs and not fn_cfg.path:
+        from lucidrl.rewards.manager import RuleRewardManager
+
+        RuleRewardManager.from_config(None, None, fn_cfg.name, fn_cfg.reward_kwargs)  # refuses, saying why
+    custom = load_custom_function(fn_cfg.path, fn_cfg.name, fn_cfg.reward_kwargs) if fn_cfg.path else None
     compute = custom or default_compute_score
     first: dict[str, Any] = {}
     counts: dict[str, int] = {}

@@ -7,6 +7,7 @@ would otherwise be trained on silently: booleans, strings, None, NaN and infinit
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -29,8 +30,14 @@ class RewardOutputError(UserError, ValueError):
     """A reward function returned something that is not a usable score (the message says which sample)."""
 
 
-def load_custom_function(path: str, name: str) -> Callable[..., Any]:
-    """The function `name` defined in the Python file `path` (reward.custom_function.path / .name)."""
+STANDARD_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def load_custom_function(
+    path: str, name: str, reward_kwargs: Mapping[str, Any] | None = None
+) -> Callable[..., Any]:
+    """The function `name` defined in the Python file `path` (reward.custom_function.path / .name),
+    with `reward_kwargs` (reward.custom_function.reward_kwargs) bound: passed to every call."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         where = "is a directory" if os.path.isdir(path) else "does not exist"
@@ -63,6 +70,13 @@ def load_custom_function(path: str, name: str) -> Callable[..., Any]:
             f"{type(fn).__name__}); point it at a function such as compute_score(data_source, "
             f"solution_str, ground_truth, extra_info=None)"
         )
+    kwargs = dict(reward_kwargs or {})
+    clash = sorted(set(kwargs) & set(STANDARD_ARGUMENTS))
+    if clash:
+        raise CustomFunctionError(
+            f"reward.custom_function.reward_kwargs sets {', '.join(clash)}, which every call passes itself "
+            f"(per sample); leave {'it' if len(clash) == 1 else 'them'} out of reward_kwargs"
+        )
     try:  # called as verl's reward managers call it: by keyword (a positional call misassigns other orders)
         inspect.signature(fn).bind(data_source="", solution_str="", ground_truth=None, extra_info=None)
     except TypeError as e:
@@ -73,8 +87,20 @@ def load_custom_function(path: str, name: str) -> Callable[..., Any]:
             "or take **kwargs"
         ) from e
     except ValueError:  # no signature to read (a builtin): the call says whether it fits
-        pass
-    return fn
+        return functools.partial(fn, **kwargs) if kwargs else fn
+    if not kwargs:
+        return fn
+    try:
+        inspect.signature(fn).bind(
+            data_source="", solution_str="", ground_truth=None, extra_info=None, **kwargs
+        )
+    except TypeError as e:
+        raise CustomFunctionError(
+            f"reward.custom_function {path}:{name}{inspect.signature(fn)} does not take "
+            f"reward.custom_function.reward_kwargs={kwargs} ({e}); add the parameter(s) to the function, "
+            "or remove them from reward_kwargs"
+        ) from e
+    return functools.partial(fn, **kwargs)
 
 
 def _import_file(path: str) -> Any:

@@ -11,7 +11,7 @@ import torch
 
 from lucidrl.batch import Batch
 from lucidrl.diagnostics.errors import UserError
-from lucidrl.rewards.custom import load_custom_function, normalize_reward_output
+from lucidrl.rewards.custom import CustomFunctionError, load_custom_function, normalize_reward_output
 from lucidrl.rewards.registry import default_compute_score
 
 ComputeScore = Callable[[str, str, Any, dict | None], Any]
@@ -39,9 +39,20 @@ class RuleRewardManager:
         self.score_is_accuracy = compute_score is None
 
     @classmethod
-    def from_config(cls, tokenizer, path: str | None, name: str) -> RuleRewardManager:
+    def from_config(
+        cls, tokenizer, path: str | None, name: str, reward_kwargs: dict[str, Any] | None = None
+    ) -> RuleRewardManager:
         if path:
-            return cls(tokenizer, load_custom_function(path, name), name=f"{path}:{name}")
+            fn = load_custom_function(path, name, reward_kwargs)
+            return cls(
+                tokenizer, fn, name=f"{path}:{name}" + (f" with {reward_kwargs}" if reward_kwargs else "")
+            )
+        if reward_kwargs:
+            raise CustomFunctionError(
+                f"reward.custom_function.reward_kwargs={reward_kwargs} is set but reward.custom_function.path "
+                "is not: the keywords go to a custom function only (the built-in rules take none); set the "
+                "path, or remove reward_kwargs"
+            )
         return cls(tokenizer)
 
     def decode_responses(self, batch: Batch) -> list[str]:

@@ -2,6 +2,8 @@
 `math_dapo`, `math_dapo_reasoning` and `aime*`): the last "Answer: ..." line of the response, in
 its last 300 characters, compared with the ground truth after the answer normalisation of Minerva
 (Lewkowycz et al. 2022, appendix D); +1 when equal, -1 otherwise (no answer included), with `acc`.
+With no "Answer:" line, the last `\\boxed{}` of the last 100 characters is read instead, as current
+verl does; `strict_box_verify` (DAPO's strict mode) reads only that, compared exactly.
 verl also returns the normalised prediction as "pred"; it is text, not a metric, so it is left out
 here (`extract_answer` and `normalize_answer` give it).
 
@@ -16,7 +18,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from lucidrl.rewards.math import last_boxed
+
 TAIL_CHARS = 300  # the answer is looked for in the response's end only, as in DAPO
+BOX_TAIL_CHARS = 100  # a \\boxed{} answer in the last 100 of those, as verl's is_correct_strict_box
 INVALID = "[INVALID]"  # the prediction when no "Answer:" line is found
 _ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 
@@ -70,7 +75,29 @@ def extract_answer(solution_str: str) -> str:
     return found[-1] if found else INVALID
 
 
-def compute_score(solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, float]:
-    """{"score": 1.0 or -1.0, "acc": 1.0 or 0.0}."""
-    right = normalize_answer(extract_answer(solution_str)) == normalize_answer(str(ground_truth))
+def boxed_answer(solution_str: str) -> str | None:
+    """The last \\boxed{} in the response's last BOX_TAIL_CHARS characters (of its last TAIL_CHARS), or None."""
+    return last_boxed(solution_str[-TAIL_CHARS:][-BOX_TAIL_CHARS:])
+
+
+def compute_score(
+    solution_str: str, ground_truth: Any, extra_info: Any = None, strict_box_verify: bool = False
+) -> dict[str, float]:
+    """{"score": 1.0 or -1.0, "acc": 1.0 or 0.0}.
+
+    As verl's: the last "Answer:" line, and where there is none the last \\boxed{} in the last 100
+    characters, each compared after normalisation. `strict_box_verify=True` (DAPO's strict mode; pass it
+    through reward.custom_function.reward_kwargs to a function that calls this one) reads the boxed
+    answer only, and compares it with the ground truth exactly as written, without normalisation.
+    """
+    truth = str(ground_truth)
+    if strict_box_verify:
+        right = boxed_answer(solution_str) == truth
+    else:
+        answer = extract_answer(solution_str)
+        if answer != INVALID:
+            right = normalize_answer(answer) == normalize_answer(truth)
+        else:
+            boxed = boxed_answer(solution_str)
+            right = boxed is not None and normalize_answer(boxed) == normalize_answer(truth)
     return {"score": 1.0 if right else -1.0, "acc": float(right)}

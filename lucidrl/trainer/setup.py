@@ -153,7 +153,7 @@ def build_workers(cfg: LucidConfig) -> Workers:
         for role in plan.roles:
             groups[role] = group
     fn = cfg.reward.custom_function
-    reward = RuleRewardManager.from_config(tokenizer, fn.path, fn.name)
+    reward = RuleRewardManager.from_config(tokenizer, fn.path, fn.name, fn.reward_kwargs)
     if cfg.reward_model.enable:
         reward = ModelRewardScorer(groups["reward_model"], reward, cfg.reward_model.combine)
     return Workers(
