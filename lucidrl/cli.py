@@ -184,6 +184,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from lucidrl.report import write_report
 
     info = write_report(args.run_dir)
+    for note in info["notes"]:
+        print(f"note: metrics.jsonl {note}")
     for path in info["plots"]:
         print(f"plot: {path}")
     for name, reason in info["skipped"].items():

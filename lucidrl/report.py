@@ -20,7 +20,7 @@ from typing import Any
 
 from lucidrl.diagnostics.errors import UsageError
 
-Series = dict[str, list[tuple[int, float]]]  # metric name -> (step, value) in file order
+Series = dict[str, list[tuple[int, float]]]  # metric name -> (step, value), by step, one per step
 
 
 class ReportError(UsageError):
@@ -88,47 +88,100 @@ PLOTS = (
 )
 
 
-def read_metrics(path: Path) -> Series:
+@dataclass
+class MetricsFile:
+    """What read_metrics found: each metric's (step, value) pairs, sorted by step, one per step; the
+    metrics logged only as null (NaN); and what was set aside, in words (a torn last line, steps
+    logged twice)."""
+
+    series: Series
+    all_null: set[str]
+    notes: list[str]
+
+
+def read_metrics(path: Path) -> MetricsFile:
     """Every numeric metric in a metrics.jsonl as (step, value) pairs; null (NaN) values are left out.
 
-    Raises ReportError for a missing or empty file and for a line that is not a JSON object with a
-    numeric "step", naming the file and line number.
+    A step logged more than once (a run resumed from an older copy of its folder) keeps its last
+    record, and the points are in step order. A last line that is not JSON (a run killed, or still
+    running, mid-write) is skipped and said so in `notes`, as a resume does. Raises ReportError for a
+    missing or empty file and for any other line that is not a JSON object with a finite "step",
+    naming the file and line number.
     """
     if not path.is_file():
         raise ReportError(
             f"{path} does not exist; a run directory holds metrics.jsonl when trainer.logger includes "
             "'jsonl' (the default). Give the directory a `lucidrl train` or `lucidrl sft` run wrote."
         )
-    series: Series = {}
-    records = 0
     with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ReportError(
-                    f"{path} line {number} is not JSON ({e.msg} at column {e.colno}): {line.strip()[:80]!r}; "
-                    "fix or delete that line (a run killed mid-write can leave a partial last line)"
-                ) from e
-            step = record.get("step") if isinstance(record, dict) else None
-            if isinstance(step, bool) or not isinstance(step, (int, float)):
-                raise ReportError(
-                    f"{path} line {number} is not a metrics record: expected a JSON object with a numeric "
-                    f'"step", got {line.strip()[:80]!r}'
+        lines = [(n, line) for n, line in enumerate(handle, start=1) if line.strip()]
+    points: dict[str, dict[int, float]] = {}
+    seen: set[str] = set()
+    steps_seen: set[int] = set()
+    repeated: set[int] = set()
+    notes: list[str] = []
+    for index, (number, line) in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if index == len(lines) - 1 and index > 0:
+                notes.append(
+                    f"line {number} (the last) is not JSON and was left out: a run killed or still writing "
+                    f"({e.msg} at column {e.colno})"
                 )
-            records += 1
-            for key, value in record.items():
-                if key != "step" and _is_number(value):
-                    series.setdefault(key, []).append((int(step), float(value)))
-    if not records:
+                continue
+            raise ReportError(
+                f"{path} line {number} is not JSON ({e.msg} at column {e.colno}): {line.strip()[:80]!r}; "
+                "fix or delete that line"
+            ) from e
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not _finite(step):
+            raise ReportError(
+                f"{path} line {number} is not a metrics record: expected a JSON object with a finite numeric "
+                f'"step", got {line.strip()[:80]!r}'
+            )
+        step = int(step)
+        if step in steps_seen:
+            repeated.add(step)
+        steps_seen.add(step)
+        for key, value in record.items():
+            if key == "step":
+                continue
+            seen.add(key)
+            if _is_number(value):
+                points.setdefault(key, {})[step] = float(value)  # a later record of the step wins
+    if not steps_seen:
         raise ReportError(f"{path} holds no metrics records (it is empty); did the run log a step yet?")
-    return series
+    if repeated:
+        notes.append(
+            f"{len(repeated)} step(s) were logged more than once ({_ranges(sorted(repeated))}): each is "
+            "plotted with its last record (a resumed run trains them again)"
+        )
+    series = {k: sorted(v.items()) for k, v in points.items()}
+    return MetricsFile(series, seen - set(series), notes)
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1, 2, 3, 7] -> "1-3, 7" (at most five ranges, then "...")."""
+    runs: list[list[int]] = []
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    text = [f"{a}-{b}" if a != b else f"{a}" for a, b in runs[:5]]
+    return ", ".join(text) + (", ..." if len(runs) > 5 else "")
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
 
 
 def select_metrics(spec: PlotSpec, names: list[str]) -> list[str]:
@@ -165,7 +218,8 @@ def draw_plot(spec: PlotSpec, series: Series, metrics: list[str], out: Path) -> 
         parts = [m for m in metrics if m != spec.total]
         steps = sorted({s for m in parts for s, _ in series[m]})
         if parts:
-            layers = [[dict(series[m]).get(s, 0.0) for s in steps] for m in parts]
+            lookups = [dict(series[m]) for m in parts]  # once per part, not once per step
+            layers = [[d.get(s, 0.0) for s in steps] for d in lookups]
             ax.stackplot(steps, layers, labels=[_label(m) for m in parts], alpha=0.8)
         if spec.total in metrics:
             total = series[spec.total]
@@ -215,7 +269,8 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
             f"run directory {str(run_dir)!r} does not exist or is not a directory; give the folder a run "
             "wrote (trainer.run_dir, by default runs/<trainer.experiment_name>)"
         )
-    series = read_metrics(run / "metrics.jsonl")
+    found = read_metrics(run / "metrics.jsonl")
+    series = found.series
     _figure_class()  # fail before creating anything when matplotlib is missing
     out_dir = run / "report"
     out_dir.mkdir(exist_ok=True)
@@ -225,7 +280,12 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
     for spec in PLOTS:
         metrics = select_metrics(spec, names)
         if not metrics:
-            skipped[spec.name] = f"no {spec.needs} in metrics.jsonl"
+            null = sorted(n for n in found.all_null if select_metrics(spec, [n]))
+            skipped[spec.name] = (
+                f"{', '.join(null)} logged, but every value is null (NaN)"
+                if null
+                else f"no {spec.needs} in metrics.jsonl"
+            )
             continue
         path = out_dir / f"{spec.name}.png"
         draw_plot(spec, series, metrics, path)
@@ -233,10 +293,16 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
     config_path = run / "config.yaml"
     config = config_path.read_text(encoding="utf-8") if config_path.is_file() else None
     steps = sorted({s for points in series.values() for s, _ in points})
-    page = render_html(run, plots, skipped, config, steps)
+    page = render_html(run, plots, skipped, config, steps, found.notes)
     html_path = out_dir / "report.html"
     html_path.write_text(page, encoding="utf-8")
-    return {"plots": [p for _, p, _ in plots], "skipped": skipped, "html": html_path, "steps": len(steps)}
+    return {
+        "plots": [p for _, p, _ in plots],
+        "skipped": skipped,
+        "html": html_path,
+        "steps": len(steps),
+        "notes": found.notes,
+    }
 
 
 def render_html(
@@ -245,6 +311,7 @@ def render_html(
     skipped: dict[str, str],
     config: str | None,
     steps: list[int],
+    notes: list[str] = (),
 ) -> str:
     """One HTML page with nothing external: title, plots as base64 PNGs, what was skipped, the config."""
     esc = html.escape
@@ -261,6 +328,8 @@ def render_html(
         + (f"steps {steps[0]}&ndash;{steps[-1]} ({len(steps)} logged)" if steps else "no steps")
         + ".</p>",
     ]
+    if notes:
+        parts.append("<ul>" + "".join(f"<li>metrics.jsonl: {esc(n)}</li>" for n in notes) + "</ul>")
     for spec, path, metrics in plots:
         data = base64.b64encode(path.read_bytes()).decode("ascii")
         parts.append(

@@ -76,9 +76,18 @@ def test_countdown_reward(response, score, acc):
 
 
 def test_countdown_evaluates_exactly_and_names_a_bad_ground_truth():
-    # (1/3)*3 is exactly 1 on fractions; floats would make it 0.9999999999999999
+    # 1/49*49 is exactly 1 on fractions; floats make it 0.9999999999999999 ((1/3)*3 is 1.0 in floats too,
+    # so the test used to pass on float evaluation)
+    assert 1 / 49 * 49 != 1
     assert (
-        countdown.compute_score("<answer>(1/3)*3*8</answer>", {"target": 8, "numbers": [1, 3, 3, 8]})["acc"]
+        countdown.compute_score("<answer>1/49*49</answer>", {"target": 1, "numbers": [1, 49, 49]})["acc"]
+        == 1.0
+    )
+    for target in (24.7, "24", True):
+        with pytest.raises(ValueError, match="target must be a whole number"):
+            countdown.compute_score("<answer>3*8*1</answer>", {"target": target, "numbers": [3, 8, 1]})
+    assert (
+        countdown.compute_score("<answer>3*8*1</answer>", {"target": 24.0, "numbers": [3, 8, 1]})["acc"]
         == 1.0
     )
     with pytest.raises(ValueError, match="countdown ground_truth must be"):

@@ -95,7 +95,63 @@ def test_sft_run_report_plots_loss_and_token_accuracy(tmp_path, capsys):
 def test_null_values_are_skipped(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "a": 1.0, "b": null}\n\n{"step": 2, "a": 2, "b": 0.5, "c": "text"}\n')
-    assert read_metrics(path) == {"a": [(1, 1.0), (2, 2.0)], "b": [(2, 0.5)]}
+    found = read_metrics(path)
+    assert found.series == {"a": [(1, 1.0), (2, 2.0)], "b": [(2, 0.5)]} and found.notes == []
+    assert found.all_null == {"c"}  # logged, never a number
+    # a step logged twice keeps its last record, in step order (points were in file order: the line
+    # ran back from step 5 to 3), and an integer too large for a float is no number, not a crash
+    path.write_text(
+        "".join(f'{{"step": {s}, "a": {s}}}\n' for s in range(1, 6))
+        + "".join(f'{{"step": {s}, "a": {-s}, "big": {10**400}}}\n' for s in range(3, 8))
+    )
+    found = read_metrics(path)
+    assert found.series == {"a": [(1, 1.0), (2, 2.0), (3, -3.0), (4, -4.0), (5, -5.0), (6, -6.0), (7, -7.0)]}
+    assert found.notes == [
+        "3 step(s) were logged more than once (3-5): each is plotted with its last record (a resumed run trains them again)"
+    ]
+
+
+def test_a_run_still_writing_is_reported_and_all_null_metrics_are_named(tmp_path, capsys):
+    """A torn last line (a run killed, or still running, mid-write) stopped the report; a metric logged
+    only as null was reported as not logged at all."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        '{"step": 1, "critic/score/mean": 1.0, "val/acc": null}\n{"step": 2, "critic/score/mean": 1.5, "val/acc": null}\n{"step": 3, "critic/sc'
+    )
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "note: metrics.jsonl line 3 (the last) is not JSON and was left out" in out
+    assert "plot: " in out and "reward.png" in out
+    assert "skipped val_accuracy: val/acc logged, but every value is null (NaN)" in out
+    assert "line 3 (the last) is not JSON" in (run / "report" / "report.html").read_text()
+
+
+def test_the_timing_plot_looks_each_part_up_once(tmp_path, monkeypatch):
+    """It rebuilt a dict of a part's points for every step: minutes for a long run's one PNG."""
+    import lucidrl.report as report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "timing_s/gen": 1.0, "timing_s/step": 2.0}) + "\n" for s in range(1, 301)
+        )
+    )
+    built = []
+    real = dict
+
+    class CountingDict(real):
+        def __init__(self, *a, **k):
+            if a and isinstance(a[0], list):
+                built.append(len(a[0]))
+            super().__init__(*a, **k)
+
+    series = report.read_metrics(run / "metrics.jsonl").series
+    (timing,) = [spec for spec in report.PLOTS if spec.name == "timing"]
+    monkeypatch.setattr(report, "dict", CountingDict, raising=False)  # draw_plot's own dict() calls
+    report.draw_plot(timing, series, report.select_metrics(timing, list(series)), run / "t.png")
+    assert len(built) == 1, len(built)  # once for the one part (was once per step: 300)
 
 
 def test_missing_dir_missing_file_empty_file_and_bad_lines_are_clear_errors(tmp_path, capsys):
@@ -108,9 +164,13 @@ def test_missing_dir_missing_file_empty_file_and_bad_lines_are_clear_errors(tmp_
     (run / "metrics.jsonl").write_text("\n")
     with pytest.raises(ReportError, match="holds no metrics records"):
         write_report(run)
-    (run / "metrics.jsonl").write_text('{"step": 1, "a": 1}\n{"step": 2, "a": \n')
+    (run / "metrics.jsonl").write_text('{"step": 1, "a": 1}\n{"step": 2, "a": \n{"step": 3, "a": 1}\n')
     with pytest.raises(ReportError, match=r"metrics.jsonl line 2 is not JSON"):
-        write_report(run)
+        write_report(run)  # torn in the middle: not a run mid-write
+    for step in ("NaN", "Infinity", '"3"'):
+        (run / "metrics.jsonl").write_text(f'{{"step": 1, "a": 1}}\n{{"step": {step}, "a": 1}}\n')
+        with pytest.raises(ReportError, match=r"line 2 is not a metrics record.*finite numeric \"step\""):
+            write_report(run)
     (run / "metrics.jsonl").write_text('{"step": 1, "a": 1}\n[1, 2]\n')
     with pytest.raises(ReportError, match=r"line 2 is not a metrics record.*numeric \"step\""):
         write_report(run)

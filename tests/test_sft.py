@@ -209,3 +209,56 @@ def test_a_response_that_ends_with_the_eos_gets_no_second_one(tmp_path, tiny_tok
     (tmp_path / "not.parquet").write_text("a,b\n1,2\n")
     with pytest.raises(DatasetError, match="'.*not.parquet' is not a readable parquet file"):
         load_sft_rows([str(tmp_path / "not.parquet")], tiny_tokenizer, **kw)
+
+
+def test_the_loss_is_on_response_tokens_only_and_over_long_rows_are_all_counted(
+    tmp_path, tiny_tokenizer, tiny_model
+):
+    """No test looked at the labels: labelling the prompt too passed every SFT test. And an over-long row
+    was an error naming only the first, so raising data.max_length ran into the next one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lucidrl.data.dataset import DatasetError
+    from lucidrl.data.sft_dataset import IGNORE, collate_sft, load_sft_rows
+    from lucidrl.models import load_model
+    from lucidrl.trainer.sft import response_loss_sum
+
+    path = tmp_path / "sft.parquet"
+    prompts = [
+        [{"role": "user", "content": "Who is a knight?"}],
+        [{"role": "user", "content": "And a knave?"}],
+    ]
+    pq.write_table(pa.table({"prompt": prompts, "response": ["Ava is a knight", "Bo"]}), path)
+    kw = dict(prompt_key="prompt", response_key="response", what="data.train_files")
+    samples = load_sft_rows([str(path)], tiny_tokenizer, max_length=200, **kw)
+    batch = collate_sft(samples, tiny_tokenizer.pad_token_id)
+    for i, s in enumerate(samples):
+        n = len(s.input_ids)
+        assert (batch["labels"][i, : s.n_prompt] == IGNORE).all() and (batch["labels"][i, n:] == IGNORE).all()
+        assert batch["labels"][i, s.n_prompt : n].tolist() == s.input_ids[s.n_prompt :]
+        assert s.input_ids[-1] == tiny_tokenizer.eos_token_id
+        assert tiny_tokenizer.decode(s.input_ids[s.n_prompt : -1]).strip() == ["Ava is a knight", "Bo"][i]
+    # the summed loss is the response tokens' cross-entropy, token by token, computed here by hand
+    model = load_model(tiny_model["path"]).eval()
+    with torch.no_grad():
+        loss, count, _ = response_loss_sum(model, batch)
+        logp = torch.log_softmax(
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float(), -1
+        )
+    by_hand = -sum(
+        logp[i, t - 1, s.input_ids[t]]
+        for i, s in enumerate(samples)
+        for t in range(s.n_prompt, len(s.input_ids))
+    )
+    assert count == sum(len(s.input_ids) - s.n_prompt for s in samples)
+    assert abs(float(loss) - float(by_hand)) < 1e-4 * abs(float(by_hand))
+    # every over-long row is counted, the longest named
+    lengths = sorted(len(s.input_ids) for s in samples)
+    with pytest.raises(DatasetError) as info:
+        load_sft_rows([str(path)], tiny_tokenizer, max_length=lengths[0] - 1, **kw)
+    text = str(info.value)
+    assert f"2 of 2 rows are longer than data.max_length={lengths[0] - 1}" in text
+    assert f"the longest {lengths[1]} tokens" in text and f"Raise data.max_length to {lengths[1]}" in text
+    with pytest.raises(DatasetError, match=f"1 of 2 rows are longer than data.max_length={lengths[0]}"):
+        load_sft_rows([str(path)], tiny_tokenizer, max_length=lengths[0], **kw)

@@ -23,7 +23,8 @@ class SFTSample:
 def load_sft_rows(
     files: list[str], tokenizer, *, max_length: int, prompt_key: str, response_key: str, what: str
 ) -> list[SFTSample]:
-    """Tokenize prompt (chat template) and response (+ eos) of every row; too long is an error."""
+    """Tokenize prompt (chat template) and response (+ eos) of every row; rows longer than max_length are
+    an error naming how many, the longest and where (verl's default, data.truncation=error)."""
     if not files:
         raise DatasetError(
             f"{what} is empty; give at least one parquet file with prompt and response columns"
@@ -33,6 +34,8 @@ def load_sft_rows(
             "the tokenizer has no eos token; SFT responses must end with one so the model learns to stop"
         )
     samples = []
+    too_long: list[tuple[int, str]] = []  # (tokens, where)
+    rows = 0
     for file in files:
         if not Path(file).is_file():
             raise DatasetError(f"{what}: file '{file}' does not exist")
@@ -60,11 +63,20 @@ def load_sft_rows(
             if not r_ids or r_ids[-1] != tokenizer.eos_token_id:  # one eos, also where the text has it (TRL)
                 r_ids = r_ids + [tokenizer.eos_token_id]
             if len(p_ids) + len(r_ids) > max_length:
-                raise DatasetError(
-                    f"{where}: prompt + response is {len(p_ids) + len(r_ids)} tokens, longer than "
-                    f"data.max_length={max_length}; raise data.max_length"
-                )
+                too_long.append((len(p_ids) + len(r_ids), where))
+                continue
             samples.append(SFTSample(p_ids + r_ids, len(p_ids)))
+            rows += 1
+    if too_long:  # every row checked first: the error says how many and how long, not only the first
+        rows += len(too_long)
+        longest, at = max(too_long)
+        first = ", ".join(f"{w} ({n})" for n, w in too_long[:3])
+        raise DatasetError(
+            f"{what}: {len(too_long)} of {rows} rows are longer than data.max_length={max_length} tokens "
+            f"(prompt + response + eos), the longest {longest} tokens ({at}); first: {first}. Raise "
+            f"data.max_length to {longest}, or shorten or leave out those rows (none is truncated or "
+            "dropped silently)"
+        )
     return samples
 
 

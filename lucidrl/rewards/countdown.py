@@ -85,7 +85,11 @@ def check_ground_truth(ground_truth: Any) -> tuple[int, list[int]]:
         raise ValueError(
             f"countdown ground_truth numbers must be a non-empty list of integers, got {numbers!r}"
         )
-    return int(ground_truth["target"]), [int(n) for n in numbers]
+    target = ground_truth["target"]
+    whole = isinstance(target, Integral) or (isinstance(target, float) and target.is_integer())
+    if isinstance(target, bool) or not whole:  # int(24.7) was 24: a wrong answer scored as right
+        raise ValueError(f"countdown ground_truth target must be a whole number, got {target!r}")
+    return int(target), [int(n) for n in numbers]
 
 
 def compute_score(solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, float]:
