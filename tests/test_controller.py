@@ -29,6 +29,22 @@ def test_dp_dispatch_pads_to_a_divisor_and_unpads():
         split_for_ranks(batch, 2, Dispatch.DP_EXACT, "update_actor")
 
 
+def test_mini_batch_order_gives_each_rank_its_part_of_every_global_mini_batch():
+    from lucidrl.controller.dispatch import mini_batch_order
+
+    batch = Batch(tensors={"x": torch.arange(12)})
+    chunks, _ = split_for_ranks(mini_batch_order(batch, 6, 2), 2, Dispatch.DP_EXACT, "update_actor")
+    per_rank = [c["x"].tolist() for c in chunks]
+    assert per_rank == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
+    # rank r's k-th mini-batch (of 6 / 2 rows), over the ranks: one process's k-th mini-batch
+    for k in range(2):
+        assert sorted(x for rows in per_rank for x in rows[3 * k : 3 * k + 3]) == list(
+            range(6 * k, 6 * k + 6)
+        )
+    for args in ((6, 1), (12, 2), (5, 2), (3, 2)):  # one rank, one mini-batch, sizes that do not divide
+        assert mini_batch_order(batch, *args)["x"].tolist() == list(range(12))
+
+
 def _ranks(*values: dict[str, tuple[float, Combine]]) -> list[RankMetrics]:
     out = []
     for v in values:

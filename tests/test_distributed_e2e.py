@@ -30,7 +30,8 @@ def _train(tmp_path, kk_data, model, name, *extra):
         "data.train_batch_size=4",
         "rollout.n=4",
         "rollout.deterministic=true",
-        "actor.ppo_mini_batch_size=4",
+        # two mini-batches: each rank's k-th must be its part of the one-process run's k-th
+        "actor.ppo_mini_batch_size=2",
         "actor.ppo_micro_batch_size=8",
         "actor.optim.lr=1e-3",
         "actor.use_kl_loss=true",
@@ -46,7 +47,7 @@ def _train(tmp_path, kk_data, model, name, *extra):
     assert "should be the same on every rank" not in proc.stderr, proc.stderr[-3000:]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # responses end early and at different lengths, so ranks' rollouts differ in width (conftest.py)
-    assert all(r["response_length/min"] < r["response_length/max"] < 10 for r in records), records
+    assert all(r["response_length/min"] < r["response_length/max"] for r in records), records
     return records, load_file(run / "final" / "model.safetensors")
 
 

@@ -72,6 +72,27 @@ def split_for_ranks(batch: Batch, world_size: int, mode: Dispatch, method: str) 
     return padded.chunk(world_size), pad
 
 
+def mini_batch_order(batch: Batch, mini_rows: int, world_size: int) -> Batch:
+    """`batch` reordered so that DP_EXACT's contiguous chunks give each rank its part of every global
+    mini-batch, in order: rank r's k-th mini-batch is then rows r*p..(r+1)*p of mini-batch k (p =
+    mini_rows / world_size), and the ranks' k-th mini-batches together are the rows one process's k-th
+    mini-batch holds. Without it rank r held rows of other prompts (its chunk's own k-th slice), so a
+    multi-rank update took its optimizer steps over other mini-batches than a one-process run; the
+    same batch now trains the same way on any number of ranks. Unchanged on one rank, with one
+    mini-batch, or when the sizes do not divide (the update then refuses them, saying why)."""
+    n = len(batch)
+    if world_size == 1 or mini_rows >= n or n % mini_rows or mini_rows % world_size:
+        return batch
+    part = mini_rows // world_size
+    order = [
+        k * mini_rows + r * part + i
+        for r in range(world_size)
+        for k in range(n // mini_rows)
+        for i in range(part)
+    ]
+    return batch.reorder(order)
+
+
 def merge_from_ranks(
     results: list[Any], pad: int, mode: Dispatch, sent: int | None = None, method: str = "a worker method"
 ) -> Any:

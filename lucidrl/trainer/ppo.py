@@ -13,6 +13,7 @@ from rich.markup import escape
 from lucidrl.algos import apply_kl_penalty, get_advantage_estimator, make_kl_controller
 from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig, to_dict
+from lucidrl.controller.dispatch import mini_batch_order
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
 from lucidrl.models.precision import autocast_dtype, cpu_has_native_bf16
@@ -227,12 +228,20 @@ class PPOTrainer:
                     batch.set("token_level_rewards", batch["token_level_scores"])
                 batch.update(compute_advantage(batch, cfg))
             debug_hop("trainer -> critic/actor update", batch)
+            # each rank gets its part of every global mini-batch (dispatch.mini_batch_order)
+            n = cfg.rollout.n
             if w.critic is not None:
                 with timer("update_critic", t):
-                    metrics.update(w.critic.update_critic(batch))
+                    critic_rows = (cfg.critic.ppo_mini_batch_size or cfg.actor.ppo_mini_batch_size) * n
+                    metrics.update(
+                        w.critic.update_critic(mini_batch_order(batch, critic_rows, w.critic.world_size))
+                    )
             if self.global_step > cfg.critic.warmup_steps:
                 with timer("update_actor", t):
-                    metrics.update(w.actor.update_actor(batch))
+                    actor_rows = cfg.actor.ppo_mini_batch_size * n
+                    metrics.update(
+                        w.actor.update_actor(mini_batch_order(batch, actor_rows, w.actor.world_size))
+                    )
                 with timer("sync_weights", t):
                     w.actor.sync_rollout()
         metrics.update(step_metrics(batch, cfg.data.max_response_length))
