@@ -104,10 +104,21 @@ def test_a_child_that_aborts_is_reported_with_its_signal_and_stderr():
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="inductor's CPU backend needs a C++ compiler")
-def test_compile_probe_really_compiles_and_matches_eager():
-    check = doctor.check_compile(Needs(compile=True))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compile_probe_really_compiles_and_matches_eager(dtype):
+    """bfloat16 logits compile to a graph of their own, which the probe left unchecked."""
+    check = doctor.check_compile(Needs(compile=True, logits_dtype=dtype))
     assert check.status == "ok", check
-    assert "compiled on cpu" in check.detail and "of eager" in check.detail
+    assert f"compiled on cpu for {dtype} logits" in check.detail and "of eager" in check.detail
+
+
+def test_the_compile_check_takes_the_logits_dtype_from_the_config():
+    from lucidrl.config import load_config
+
+    needs, _ = doctor.needs_of(load_config(None, ["model.compute_dtype=bfloat16"]))
+    assert needs.logits_dtype == "bfloat16"
+    assert doctor.needs_of(load_config(None, ["model.dtype=bfloat16"]))[0].logits_dtype == "bfloat16"
+    assert doctor.needs_of(load_config(None, []))[0].logits_dtype == "float32"
 
 
 def test_gloo_across_two_processes():

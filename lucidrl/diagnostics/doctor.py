@@ -59,6 +59,7 @@ class Needs:
     ranks: int = 1
     cpus_per_rank: int = 1
     gpus: int = 0  # GPUs this host must have (cuda ranks placed on one node)
+    logits_dtype: str = "float32"  # what the actor's head computes in: torch.compile builds a graph per dtype
 
 
 @dataclass
@@ -284,13 +285,15 @@ def check_compile(needs: Needs, device: str = "cpu", timeout: float = 600.0) -> 
             "no C++ compiler for inductor's CPU kernels (looked for $CXX, g++, clang++)" + off,
             f"install one (Debian/Ubuntu: apt install g++) {fix_off}",
         )
-    result, why = _collect(_child(["compile", "--device", device]), timeout)
+    dtype = needs.logits_dtype
+    result, why = _collect(_child(["compile", "--device", device, "--dtype", dtype]), timeout)
     if result is None:
         return Check(
             "compile",
             bad,
-            f"compiling the fused log-prob on {device} crashed: {why}" + off,
-            f"run `python -m lucidrl.diagnostics.probes compile --device {device}` to see it whole; {fix_off}",
+            f"compiling the fused log-prob on {device} ({dtype} logits) crashed: {why}" + off,
+            f"run `python -m lucidrl.diagnostics.probes compile --device {device} --dtype {dtype}` to see it "
+            f"whole; {fix_off}",
         )
     if not result["compiled"]:
         return Check(
@@ -299,18 +302,20 @@ def check_compile(needs: Needs, device: str = "cpu", timeout: float = 600.0) -> 
             f"torch.compile failed, so training falls back to eager: {result['failure']}" + off,
             f"fix the toolchain the error names {fix_off}",
         )
-    if result["max_diff"] > 1e-3:
+    if result["max_diff"] > 1e-3 or result["grad_rel_diff"] > result["grad_rel_tol"]:
         return Check(
             "compile",
             "fail",
-            f"the compiled log-prob differs from eager by {result['max_diff']:.2e}",
+            f"the compiled log-prob ({dtype} logits) differs from eager by {result['max_diff']:.2e}, its "
+            f"gradient by {result['grad_rel_diff']:.2e} of its size",
             "set actor.use_torch_compile=false and report the torch version",
         )
     return Check(
         "compile",
         "ok",
-        f"fused log-prob and entropy compiled on {device} in {result['seconds']:.1f} s (forward and "
-        f"backward), within {result['max_diff']:.1e} of eager",
+        f"fused log-prob and entropy compiled on {device} for {dtype} logits in {result['seconds']:.1f} s "
+        f"(forward and backward), within {result['max_diff']:.1e} of eager (gradient "
+        f"{result['grad_rel_diff']:.1e} of its size)",
     )
 
 
@@ -480,6 +485,7 @@ def needs_of(cfg: Any) -> tuple[Needs, str]:
         ranks=sum(p.world_size for p in plans),
         cpus_per_rank=cfg.trainer.cpus_per_rank,
         gpus=0 if joins else gpus,  # a cluster's GPUs are not this host's
+        logits_dtype=cfg.model.compute_dtype or cfg.model.dtype,
     )
     words = "; ".join(f"{'+'.join(sorted(p.roles))} x{p.world_size} on {p.where} ({p.device})" for p in plans)
     return needs, f"{cfg.trainer.backend} backend: {words}"
