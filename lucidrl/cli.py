@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -70,17 +71,32 @@ def _cmd_data_kk(args: argparse.Namespace) -> int:
 
 
 def _cmd_model_tiny(args: argparse.Namespace) -> int:
+    from lucidrl.diagnostics.errors import UsageError
     from lucidrl.models import build_tiny_model
     from lucidrl.trainer.demo import kk_tokenizer_corpus
 
-    info = build_tiny_model(
-        args.out,
-        kk_tokenizer_corpus(seed=args.seed),
-        hidden_size=args.hidden,
-        num_layers=args.layers,
-        vocab_size=args.vocab,
-        seed=args.seed,
-    )
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
+        raise UsageError(
+            f"--out {args.out} exists and is not an empty folder; a new model would replace what is there "
+            "(pass --overwrite to replace it, or give a new folder)"
+        )
+    created = not out.exists()
+    try:
+        info = build_tiny_model(
+            args.out,
+            kk_tokenizer_corpus(seed=args.seed),
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            vocab_size=args.vocab,
+            seed=args.seed,
+        )
+    except ValueError as e:  # sizes that make no model: a usage error, and no half-written folder
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise UsageError(
+            f"lucidrl model tiny --hidden {args.hidden} --layers {args.layers} --vocab {args.vocab}: {e}"
+        ) from e
     print(
         f"built a tiny Qwen2 model ({info['num_parameters'] / 1e6:.2f}M parameters, vocab {info['vocab_size']}) "
         f"in {info['path']}"
@@ -409,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--layers", type=int, default=2)
     tiny.add_argument("--vocab", type=int, default=1024, help="target BPE vocabulary size")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--overwrite", action="store_true", help="replace what --out holds")
     tiny.set_defaults(fn=_cmd_model_tiny)
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible completions server over a local HF model")

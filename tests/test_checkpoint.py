@@ -529,3 +529,36 @@ def test_doctor_says_whether_a_run_resumes_and_what_training_would_refuse(tmp_pa
     shutil.rmtree(tmp_path / "run" / "checkpoints" / "global_step_1" / "critic" / "model")
     check = run_dir_check()
     assert check.status == "fail" and "critic is missing or incomplete" in check.detail
+
+
+def test_overwrite_replaces_runs_only_and_a_failed_start_is_no_run(tmp_path, monkeypatch):
+    """trainer.overwrite=true deleted whatever folder the run dir named: `trainer.experiment_name=` deleted
+    runs/ with every run in it, and `../x` a folder outside it. And a start that failed before training
+    (config.yaml written, then a bad model path) blocked the corrected rerun as "already holds a run"."""
+    from lucidrl.trainer.setup import RunDirError, prepare_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.txt").write_text("years of work")
+    cfg = load_config(None, [f"trainer.run_dir={precious}", "trainer.overwrite=true"])
+    with pytest.raises(
+        RunDirError, match="holds no lucidrl run .*thesis.txt.*not replaced, even with trainer.overwrite=true"
+    ):
+        prepare_run_dir(cfg)
+    assert (precious / "thesis.txt").read_text() == "years of work"
+    # a start that failed: config.yaml only; the next start (no overwrite) takes the folder
+    cfg = load_config(None, ["trainer.experiment_name=exp"])
+    run = prepare_run_dir(cfg)
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+    assert prepare_run_dir(cfg) == run
+    # one that logged a step is a run: refused without overwrite, replaced with it
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(RunDirError, match="already holds a run"):
+        prepare_run_dir(cfg)
+    prepare_run_dir(load_config(None, ["trainer.experiment_name=exp", "trainer.overwrite=true"]))
+    assert not (run / "metrics.jsonl").exists()
+    # trainer.run_dir with ~ goes to the home folder, not to a folder named "~"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    got = prepare_run_dir(load_config(None, ["trainer.run_dir=~/runs/x"]))
+    assert got == tmp_path / "home" / "runs" / "x" and not (tmp_path / "~").exists()

@@ -102,7 +102,14 @@ def test_an_override_inside_a_mapping_changes_that_key_alone(tmp_path):
     path.write_text(
         "trainer: {backend: ray}\nplacement: {pools: {global: {nodes: 1, devices_per_node: 4}}}\n"
     )
-    cfg = load_config(path, ["placement.pools.global.nodes=2", "placement.pools.extra.devices_per_node=3"])
+    cfg = load_config(
+        path,
+        [
+            "placement.pools.global.nodes=2",
+            "placement.pools.extra.devices_per_node=3",
+            "placement.critic.pool=extra",
+        ],
+    )
     assert {k: (p.nodes, p.devices_per_node) for k, p in cfg.placement.pools.items()} == {
         "global": (2, 4),
         "extra": (1, 3),
@@ -173,3 +180,60 @@ def test_help_config_lists_every_key_the_unknown_key_error_points_to(capsys):
         and "reward.custom_function.reward_kwargs = {}  (dict)" in out
     )
     assert "placement.pools = {global: {devices_per_node: 1, nodes: 1}}  (dict)" in out
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("actor.optim.grad_clip=0", r"actor.optim.grad_clip must be > 0 .*0 zeroes every gradient"),
+        ("critic.optim.grad_clip=-1", "critic.optim.grad_clip must be > 0"),
+        ("actor.optim.lr=-1", "actor.optim.lr must be >= 0"),
+        ("actor.optim.betas=[0.9, 0.999, 0.5]", r"betas must be two numbers in \[0, 1\)"),
+        ("actor.optim.betas=[2, 3]", r"betas must be two numbers in \[0, 1\)"),
+        ("actor.optim.warmup_steps=-3", "warmup_steps must be >= 0"),
+        ("actor.clip_ratio_c=.nan", "actor.clip_ratio_c' .* must be a number, got NaN"),
+        ("trainer.max_time_s=.nan", "must be a number, got NaN"),
+        ("algorithm.kl_ctrl.horizon=0", "algorithm.kl_ctrl needs kl_coef >= 0, horizon >= 1"),
+        ("reward.overlong_buffer.penalty_factor=-1", "penalty_factor must be >= 0"),
+        ("trainer.device=gpu", "trainer.device='gpu' must be cpu, cuda or cuda:N"),
+        ("trainer.num_threads=-2", "trainer.num_threads must be >= 1"),
+        ("trainer.master_port=99999", "trainer.master_port=99999 is not a TCP port"),
+        ("rollout.server.port=-1", "rollout.server.port=-1 is not a TCP port"),
+        ("trainer.experiment_name=../precious", "must be one folder name"),
+        ("trainer.experiment_name=", "must be one folder name"),
+        ("trainer.experiment_name=..", "must be one folder name"),
+        (
+            "placement.pools.glboal.devices_per_node=2",
+            r"placement.pools.glboal is defined but no role.*did you mean placement.pools.global",
+        ),
+    ],
+)
+def test_values_that_would_train_wrongly_or_fail_late_are_refused(override, message):
+    """From a review: each of these was accepted, then trained silently wrong (a grad_clip of 0 zeroes the
+    gradients, -1 reverses them; NaN passes every `x <= 0` check), failed with a raw traceback after the
+    model loaded, or made an unused pool out of a typo."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_sft_checks_its_optimizer_and_run_settings_too():
+    from lucidrl.config.schema import SFTConfig
+
+    for override, message in (
+        ("optim.grad_clip=0", "optim.grad_clip must be > 0"),
+        ("trainer.max_time_s=-5", "trainer.max_time_s must be > 0"),
+        ("trainer.experiment_name=a/b", "must be one folder name"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [override], schema=SFTConfig)
+    assert load_config(None, ["optim.grad_clip=.inf"], schema=SFTConfig).optim.grad_clip == float("inf")
+
+
+def test_a_key_given_twice_in_a_file_is_an_error_naming_both_lines(tmp_path):
+    """yaml.safe_load kept the last: a second `actor:` section silently dropped the first's lr."""
+    path = tmp_path / "dup.yaml"
+    path.write_text(
+        "actor:\n  optim: {lr: 1.0e-5}\ndata: {train_batch_size: 8}\nactor:\n  ppo_mini_batch_size: 8\n"
+    )
+    with pytest.raises(ConfigError, match=r"key 'actor' is given twice in one mapping \(lines 1 and 4\)"):
+        load_config(path)

@@ -233,3 +233,70 @@ def test_check_tokenizer_matches_model_names_sizes(tokenizer) -> None:
 
     with pytest.raises(ModelLoadError, match=rf"10 embedding rows.*{len(tokenizer)} tokens"):
         check_tokenizer_matches_model(SmallModel(), tokenizer, "some/dir")
+
+
+def test_an_unset_model_path_is_named_not_read_as_the_working_directory(tiny_dir: Path, monkeypatch) -> None:
+    """Path("") is the working directory: run from inside a model folder, model.path='' loaded that model."""
+    monkeypatch.chdir(tiny_dir)
+    with pytest.raises(ModelLoadError, match=r"model\.path is not set"):
+        load_tokenizer("")
+    with pytest.raises(ModelLoadError, match=r"model\.path is not set"):
+        load_model("")
+
+
+def test_model_tiny_refuses_sizes_that_make_no_model_and_keeps_an_existing_folder(
+    tmp_path: Path, capsys
+) -> None:
+    """Raw ValueError / ZeroDivisionError tracebacks, half-written folders, a head dimension rotary
+    embeddings cannot rotate, and an existing model silently replaced."""
+    from lucidrl.cli import main
+
+    for args, words in (
+        (["--hidden", "6"], "not divisible by num_heads"),
+        (["--hidden", "12"], "odd head dimension"),
+        (["--hidden", "0"], "must be >= 1"),
+        (["--layers", "0"], "must be >= 1"),
+    ):
+        out = tmp_path / f"m{args[1]}{args[0]}"
+        assert main(["model", "tiny", "--out", str(out), *args]) == 2
+        assert words in capsys.readouterr().err and not out.exists()
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "model.safetensors").write_text("an earlier model")
+    assert main(["model", "tiny", "--out", str(keep)]) == 2
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert (keep / "model.safetensors").read_text() == "an earlier model"
+
+
+def test_a_critic_of_another_vocabulary_is_refused_naming_critic_model_path(
+    tmp_path: Path, tiny_model, kk_data
+) -> None:
+    """It loaded, then indexed past its embedding at the first values forward (IndexError, after a rollout)."""
+    from lucidrl.config import load_config
+    from lucidrl.models import build_tiny_model
+    from lucidrl.trainer.demo import kk_tokenizer_corpus
+    from lucidrl.trainer.ppo import PPOTrainer
+
+    small = build_tiny_model(
+        tmp_path / "small",
+        kk_tokenizer_corpus(seed=0, n_puzzles=5),
+        hidden_size=16,
+        num_layers=1,
+        vocab_size=300,
+    )
+    assert small["vocab_size"] < tiny_model["vocab_size"]
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model['path']}",
+            f"critic.model_path={small['path']}",
+            "algorithm.adv_estimator=gae",
+            f"data.train_files=[{kk_data['train']}]",
+            "data.max_prompt_length=1024",
+            f"trainer.run_dir={tmp_path / 'run'}",
+        ],
+    )
+    with pytest.raises(
+        ModelLoadError, match=r"the model at critic\.model_path=.*has \d+ embedding rows but its tokenizer"
+    ):
+        PPOTrainer(cfg)

@@ -11,6 +11,8 @@ import copy
 import dataclasses
 import difflib
 import importlib.util
+import math
+import re
 import types
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -72,6 +74,8 @@ def _type_name(hint: Any) -> str:
 
 def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     """Check `value` against the annotation `hint`; return it (ints widen to float)."""
+    if isinstance(value, float) and math.isnan(value):  # passes every `x <= 0` check, and means nothing
+        raise ConfigError(f"config key '{key}' (from {source}) must be a number, got NaN")
     origin = get_origin(hint)
     if origin in (Union, types.UnionType):
         options = get_args(hint)
@@ -199,6 +203,27 @@ def _yaml_float_fix(node: Any) -> Any:
     return node
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error: with safe_load the last
+    one silently won (`actor:` twice in a file dropped the first section's keys)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} is given twice in one mapping (lines {seen[key]} and {line}); merge them "
+                    "into one (the second replaced the first)",
+                    key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(
     path: str | Path | None = None, overrides: list[str] | None = None, schema: type[T] = LucidConfig
 ) -> T:
@@ -209,7 +234,7 @@ def load_config(
         if not path.is_file():
             raise ConfigError(f"config file '{path}' does not exist")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from e
         _apply(cfg, _yaml_float_fix(data), "", f"file {path}")
@@ -353,8 +378,50 @@ def _validate_precision(m: Any) -> None:
         )
 
 
+def _validate_optim(optim: Any, prefix: str) -> None:
+    """An optimizer section (actor.optim, critic.optim, SFT's optim): the values torch would refuse late,
+    or take and train wrongly with (a grad_clip of 0 zeroes every gradient, a negative one flips them)."""
+    if optim.lr < 0:
+        raise ConfigError(f"{prefix}.lr must be >= 0, got {optim.lr}")
+    if optim.weight_decay < 0:
+        raise ConfigError(f"{prefix}.weight_decay must be >= 0, got {optim.weight_decay}")
+    if len(optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in optim.betas):
+        raise ConfigError(f"{prefix}.betas must be two numbers in [0, 1) (Adam's), got {optim.betas}")
+    if optim.warmup_steps < 0:
+        raise ConfigError(f"{prefix}.warmup_steps must be >= 0 (0: no warm-up), got {optim.warmup_steps}")
+    if not optim.grad_clip > 0:
+        raise ConfigError(
+            f"{prefix}.grad_clip must be > 0 (the largest gradient norm kept; .inf: no clipping), got "
+            f"{optim.grad_clip} (0 zeroes every gradient, a negative limit reverses them)"
+        )
+
+
+def _validate_run(t: Any, m: Any) -> None:
+    """Where a run goes and runs, for `lucidrl train` and `lucidrl sft` alike."""
+    name = t.experiment_name
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ConfigError(
+            f"trainer.experiment_name={name!r} must be one folder name (the run goes to runs/<name>; with "
+            "trainer.overwrite=true that folder is deleted first): no '/', not empty, '.' or '..'; use "
+            "trainer.run_dir for a path"
+        )
+    if t.max_time_s is not None and t.max_time_s <= 0:
+        raise ConfigError(f"trainer.max_time_s must be > 0 seconds (or null: no limit), got {t.max_time_s}")
+    if t.num_threads is not None and t.num_threads < 1:
+        raise ConfigError(f"trainer.num_threads must be >= 1 (or null: torch's default), got {t.num_threads}")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", t.device):
+        raise ConfigError(f"trainer.device={t.device!r} must be cpu, cuda or cuda:N")
+
+
+def _validate_port(key: str, port: int | None) -> None:
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"{key}={port} is not a TCP port (1-65535)")
+
+
 def _validate_sft(cfg: SFTConfig) -> None:
     _validate_precision(cfg.model)
+    _validate_run(cfg.trainer, cfg.model)
+    _validate_optim(cfg.optim, "optim")
     if cfg.model.lora_rank:
         raise ConfigError(
             f"model.lora_rank={cfg.model.lora_rank}: `lucidrl sft` trains every weight for now (LoRA is "
@@ -519,14 +586,26 @@ def _validate_rl(cfg: LucidConfig) -> None:
     )
     _validate_collapse(cfg.trainer.collapse)
     _validate_precision(cfg.model)
+    _validate_run(cfg.trainer, cfg.model)
+    _validate_optim(cfg.actor.optim, "actor.optim")
+    _validate_optim(cfg.critic.optim, "critic.optim")
+    _validate_port("trainer.master_port", cfg.trainer.master_port)
+    _validate_port("rollout.server.port", cfg.rollout.server.port)
+    kl = cfg.algorithm.kl_ctrl
+    if kl.kl_coef < 0 or kl.horizon < 1 or kl.target_kl <= 0:
+        raise ConfigError(
+            f"algorithm.kl_ctrl needs kl_coef >= 0, horizon >= 1 and target_kl > 0, got kl_coef={kl.kl_coef}, "
+            f"horizon={kl.horizon}, target_kl={kl.target_kl}"
+        )
+    if cfg.reward.overlong_buffer.penalty_factor < 0:
+        raise ConfigError(
+            f"reward.overlong_buffer.penalty_factor must be >= 0 (a penalty), got "
+            f"{cfg.reward.overlong_buffer.penalty_factor}"
+        )
     if cfg.actor.head_chunk_tokens < 0:
         raise ConfigError(
             f"actor.head_chunk_tokens must be >= 0 (0: the LM head on the whole micro-batch at once), got "
             f"{cfg.actor.head_chunk_tokens}"
-        )
-    if cfg.trainer.max_time_s is not None and cfg.trainer.max_time_s <= 0:
-        raise ConfigError(
-            f"trainer.max_time_s must be > 0 seconds (or null: no limit), got {cfg.trainer.max_time_s}"
         )
     a, d, r = cfg.actor, cfg.data, cfg.rollout
     if a.ppo_mini_batch_size > d.train_batch_size:

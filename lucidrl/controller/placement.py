@@ -7,9 +7,11 @@ device: that is how roles end up fighting over one GPU's memory.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 from lucidrl.config import ConfigError, LucidConfig
+from lucidrl.config.schema import PoolConfig
 
 ROLES = ("actor", "rollout", "reference", "critic", "reward_model")
 
@@ -70,6 +72,19 @@ def plan_groups(cfg: LucidConfig) -> list[GroupPlan]:
         if pool.nodes < 1 or pool.devices_per_node < 1:
             raise ConfigError(
                 f"placement.pools.{name} needs nodes >= 1 and devices_per_node >= 1, got {pool}"
+            )
+    named = {getattr(pl, r).pool for r in ROLES}  # by any role, active in this run or not
+    for name, pool in pl.pools.items():
+        if name not in named and not (name == "global" and pool == PoolConfig()):
+            close = difflib.get_close_matches(name, sorted(named), n=1)
+            raise ConfigError(
+                f"placement.pools.{name} is defined but no role's pool names it (roles use: "
+                f"{', '.join(sorted(named))})"
+                + (
+                    f"; did you mean placement.pools.{close[0]}?"
+                    if close
+                    else "; remove it or give a role pool=" + name
+                )
             )
     seen: set[str] = set()
     for i, group in enumerate(pl.colocate):

@@ -32,6 +32,8 @@ class ModelLoadError(UserError, ValueError):
 
 def _check_folder(path: str, config_key: str, what: str) -> Path:
     """Return `path` as a Path if it is an existing folder, else raise ModelLoadError explaining the key."""
+    if not str(path or "").strip():  # Path("") is the working directory: a model there loaded unasked
+        raise ModelLoadError(f"{config_key} is not set; set it to a local model folder, or {_BUILD_HINT}.")
     folder = Path(path).expanduser()
     if not folder.exists():
         raise ModelLoadError(
@@ -46,7 +48,13 @@ def _check_folder(path: str, config_key: str, what: str) -> Path:
     return folder
 
 
-def load_tokenizer(path: str, pad_token: str | None = None, *, config_key: str = "model.path") -> Any:
+def load_tokenizer(
+    path: str,
+    pad_token: str | None = None,
+    *,
+    config_key: str = "model.path",
+    trust_remote_code: bool = False,
+) -> Any:
     """Load a tokenizer from a local folder and make sure it has a pad token.
 
     Pad token rule: an explicit `pad_token` (config `model.pad_token`) must already be in the
@@ -63,7 +71,9 @@ def load_tokenizer(path: str, pad_token: str | None = None, *, config_key: str =
             f"set {config_key} to a folder that contains a tokenizer, or {_BUILD_HINT}."
         )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(folder), local_files_only=True, trust_remote_code=trust_remote_code
+        )
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError... depending on what broke
         raise ModelLoadError(
             f"{config_key}={path!r}: AutoTokenizer could not load the tokenizer "
@@ -121,12 +131,14 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, trust_remote_code:
         ) from exc
 
 
-def check_tokenizer_matches_model(model: Any, tokenizer: Any, path: str) -> None:
+def check_tokenizer_matches_model(
+    model: Any, tokenizer: Any, path: str, config_key: str = "model.path"
+) -> None:
     """Raise ModelLoadError if the tokenizer can emit ids the model's embedding has no row for."""
     embedding_rows = model.get_input_embeddings().weight.shape[0]
     if embedding_rows < len(tokenizer):
         raise ModelLoadError(
-            f"the model at model.path={path!r} has {embedding_rows} embedding rows but its tokenizer has "
+            f"the model at {config_key}={path!r} has {embedding_rows} embedding rows but its tokenizer has "
             f"{len(tokenizer)} tokens, so some token ids would index past the embedding; use the tokenizer "
             "saved with this model (model.tokenizer_path) or resize the model's embeddings."
         )

@@ -171,6 +171,14 @@ def build_tiny_model(
     """
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+    if num_layers < 1 or hidden_size < 1:
+        raise ValueError(f"num_layers={num_layers} and hidden_size={hidden_size} must be >= 1")
+    if hidden_size % num_heads == 0 and (hidden_size // num_heads) % 2:
+        raise ValueError(
+            f"hidden_size={hidden_size} / num_heads={num_heads} = {hidden_size // num_heads} is an odd head "
+            "dimension, which rotary position embeddings cannot rotate; pick a hidden size that is a multiple "
+            f"of {2 * num_heads}"
+        )
     if hidden_size % num_heads != 0:
         raise ValueError(
             f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}; "

@@ -58,13 +58,39 @@ class Workers:
 
 
 def run_dir_of(cfg: LucidConfig) -> Path:
-    """runs/<experiment_name>, or trainer.run_dir."""
-    return Path(cfg.trainer.run_dir or Path("runs") / cfg.trainer.experiment_name)
+    """runs/<experiment_name>, or trainer.run_dir (`~` expanded)."""
+    return (
+        Path(cfg.trainer.run_dir).expanduser()
+        if cfg.trainer.run_dir
+        else Path("runs") / cfg.trainer.experiment_name
+    )
+
+
+# what a lucidrl run writes into its folder: a folder without any of them is not a run's
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "final")
+
+
+def _holds_progress(run_dir: Path) -> bool:
+    """Whether the run there logged a step or saved anything (a start that failed left config.yaml only)."""
+    metrics = run_dir / "metrics.jsonl"
+    return (metrics.is_file() and metrics.stat().st_size > 0) or any(
+        (run_dir / name).exists() for name in ("checkpoints", "final")
+    )
 
 
 def refuse_occupied(cfg: LucidConfig, run_dir: Path) -> None:
-    """RunDirError if `run_dir` holds a run that this one would overwrite without trainer.overwrite=true."""
-    if cfg.trainer.overwrite or not (run_dir.exists() and any(run_dir.iterdir())):
+    """RunDirError if `run_dir` holds a run that this one would overwrite without trainer.overwrite=true,
+    or files that are not a lucidrl run's at all (never deleted, with overwrite or without)."""
+    if not (run_dir.exists() and any(run_dir.iterdir())):
+        return
+    if not any((run_dir / name).exists() for name in RUN_FILES):
+        found = sorted(p.name for p in run_dir.iterdir())
+        raise RunDirError(
+            f"run directory '{run_dir}' is not empty and holds no lucidrl run (no {', '.join(RUN_FILES)}; it "
+            f"holds {', '.join(found[:5])}{', ...' if len(found) > 5 else ''}), so it is not replaced, even with "
+            "trainer.overwrite=true; set trainer.experiment_name or trainer.run_dir to a new or empty folder"
+        )
+    if cfg.trainer.overwrite or not _holds_progress(run_dir):  # a failed start is no run to protect
         return
     checkpointed = (run_dir / "checkpoints" / "latest").is_file()
     why = (
@@ -122,7 +148,12 @@ def load_data(cfg: LucidConfig, tokenizer) -> tuple[list[PromptSample], list[Pro
 def build_workers(cfg: LucidConfig) -> Workers:
     """One worker group per placement group plan; the reward manager in this process."""
     m = cfg.model
-    tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
+    tokenizer = load_tokenizer(
+        m.tokenizer_path or m.path,
+        pad_token=m.pad_token,
+        config_key="model.tokenizer_path" if m.tokenizer_path else "model.path",
+        trust_remote_code=m.trust_remote_code,
+    )
     groups: dict[str, WorkerGroup] = {}
     plans = plan_groups(cfg)
     ray_cluster = ensure_ray(cfg.trainer.ray_address, num_cpus=None) if cfg.trainer.backend == "ray" else None

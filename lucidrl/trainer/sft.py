@@ -61,7 +61,12 @@ class SFTTrainer:
         in_place = checkpoint.resumes_in_place(resume, self.run_dir)
         prepare_run_dir(cfg, keep=in_place)
         m, d = cfg.model, cfg.data
-        self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
+        self.tokenizer = load_tokenizer(
+            m.tokenizer_path or m.path,
+            pad_token=m.pad_token,
+            config_key="model.tokenizer_path" if m.tokenizer_path else "model.path",
+            trust_remote_code=m.trust_remote_code,
+        )
         self.model = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
         check_tokenizer_matches_model(self.model, self.tokenizer, m.path)
         self.model.to(cfg.trainer.device)

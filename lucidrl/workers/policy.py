@@ -85,7 +85,12 @@ class PolicyWorker:
         m = cfg.model
         dtype = DTYPES[m.dtype]
         compute = self.compute_dtype = autocast_dtype(m.dtype, m.compute_dtype)  # bf16 over fp32 weights
-        self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
+        self.tokenizer = load_tokenizer(
+            m.tokenizer_path or m.path,
+            pad_token=m.pad_token,
+            config_key="model.tokenizer_path" if m.tokenizer_path else "model.path",
+            trust_remote_code=m.trust_remote_code,
+        )
         self.actor = self.rollout = self.reference = self.critic = self.reward_model = None
         sharded = self.world_size > 1
         if "actor" in roles:
@@ -119,7 +124,15 @@ class PolicyWorker:
             self.reference = self._reference(ref)
         if "critic" in roles:
             c = cfg.critic
-            value_model = load_value_model(c.model_path or m.path, dtype=dtype).to(self.device)
+            value_model = load_value_model(c.model_path or m.path, dtype=dtype)
+            # a critic of another vocabulary indexed past its embedding at the first values forward
+            check_tokenizer_matches_model(
+                value_model,
+                self.tokenizer,
+                c.model_path or m.path,
+                "critic.model_path" if c.model_path else "model.path",
+            )
+            value_model = value_model.to(self.device)
             if sharded:
                 value_model = wrap_for_training(value_model, cfg.trainer.strategy, self.device, compute)
             self.critic = CriticWorker(
