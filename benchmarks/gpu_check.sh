@@ -10,8 +10,9 @@
 #    decoding, log-probs and the update run there; prints step time and rollout/logprob_diff_max;
 # 3. benchmarks/mixed_precision.py --device cuda (float32 vs bf16 compute: decode, log-prob and update
 #    time, GPU peak memory, log-prob agreement);
-# 4. benchmarks/gpu_rollout.py (lucidrl's decode loop against transformers' generate; vLLM too where
-#    it imports, which the lent machines' image does not have).
+# 4. benchmarks/gpu_rollout.py (lucidrl's decode loop against transformers' generate); then, in a step
+#    of its own with a longer limit, lucidrl's vLLM engine where vllm imports (the lent machines' image
+#    has none so far).
 #
 # Not covered, and why: FSDP2/NCCL across ranks needs two GPUs (the lent machine has one); vLLM is not in
 # the machine's image and its wheels exceed what a call may carry (64 MiB).
@@ -67,7 +68,15 @@ for r in map(json.loads, open(sys.argv[1])):
 EOF
 done
 TAIL=8 step mixed_precision "$PY" benchmarks/mixed_precision.py --device "$DEVICE" --prompts $((prompts / 4 > 0 ? prompts / 4 : 1))
-TAIL=10 step gpu_rollout "$PY" benchmarks/gpu_rollout.py --device "$DEVICE" "${size[@]}" --prompts $prompts --max-new $new
+TAIL=10 step gpu_rollout "$PY" benchmarks/gpu_rollout.py --device "$DEVICE" "${size[@]}" --prompts $prompts --max-new $new --engines hf
+# vLLM in a step of its own (its cold start can take minutes; the table above must not wait on it),
+# without CUDA graphs, where it imports
+if "$PY" -c "import vllm" >/dev/null 2>&1; then
+    STEP_TIMEOUT=${VLLM_TIMEOUT:-420} TAIL=12 step gpu_rollout_vllm "$PY" benchmarks/gpu_rollout.py --device "$DEVICE" \
+        "${size[@]}" --prompts $prompts --max-new $new --engines vllm --enforce-eager --repeats 2
+else
+    echo "== gpu_rollout_vllm: skipped (vllm does not import here)"
+fi
 rm -rf "$work"
 echo "== gpu_check: $([ $status = 0 ] && echo all ran || echo 'some failed (logs in '"$OUT"')')"
 exit $status

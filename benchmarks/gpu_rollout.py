@@ -73,6 +73,14 @@ def main() -> None:
     p.add_argument("--max-new", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: bf16 on GPU")
+    p.add_argument(
+        "--engines",
+        choices=["all", "hf", "vllm"],
+        default="all",
+        help="hf: transformers' generate and lucidrl's loop only; vllm: lucidrl's vLLM engine only (its "
+        "cold start, compiling and CUDA-graph capture, can take minutes: give it a step of its own)",
+    )
+    p.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs (faster start)")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
 
@@ -89,7 +97,8 @@ def main() -> None:
         batch = collate(samples, tok.pad_token_id)
         params = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.max_new)
         model = load_model(info["path"], dtype=dtype).to(args.device).eval()
-        for name, loop in (("transformers", "transformers"), ("lucidrl", "lucidrl")):
+        loops = (("transformers", "transformers"), ("lucidrl", "lucidrl")) if args.engines != "vllm" else ()
+        for name, loop in loops:
             rollout = HFRollout(model, tok, micro_batch_size=args.prompts * args.n, decode_loop=loop)
 
             def run(rollout=rollout) -> int:
@@ -104,7 +113,11 @@ def main() -> None:
             results[name] = (secs, toks, peak)
             print(f"  {name}: {statistics.median(secs):.2f} s per batch", flush=True)
         check = None
+        if args.engines == "hf":
+            print("  vllm: not measured (--engines hf)")
         try:
+            if args.engines == "hf":
+                raise ImportError("not asked for")
             # not `import vllm`: it loads its names lazily, so a vLLM built for another torch imports fine
             # and fails only here (or when its compiled ops load)
             from vllm import LLM, SamplingParams  # noqa: F401
@@ -114,7 +127,8 @@ def main() -> None:
                 print("  vllm: not measured (needs --device cuda)")
         except Exception as e:  # noqa: BLE001 - an ImportError, or a torch/vLLM mismatch of any kind
             have_vllm = False
-            print(f"  vllm: not measured ({type(e).__name__}: {' '.join(str(e).split())[:300]})")
+            if args.engines != "hf":
+                print(f"  vllm: not measured ({type(e).__name__}: {' '.join(str(e).split())[:300]})")
         if have_vllm:
             try:
                 check = vllm_engine_check(info, tok, model, batch, samples, args, dtype)
@@ -123,8 +137,12 @@ def main() -> None:
                 check = None
                 print(f"  vllm: failed: {type(e).__name__}: {' '.join(str(e).split())[:500]}")
 
-    base = statistics.median(
-        t / s for s, t in zip(results["transformers"][0], results["transformers"][1], strict=True)
+    base = (
+        statistics.median(
+            t / s for s, t in zip(results["transformers"][0], results["transformers"][1], strict=True)
+        )
+        if "transformers" in results
+        else float("nan")  # --engines vllm: no generate to compare with in this run
     )
     print(f"\n{args.prompts} prompts x {args.n} samples, <= {args.max_new} new tokens, T=1, {args.device}")
     print(f"{'engine':14s} {'s/batch':>8s} {'tok/s':>10s} {'vs generate':>12s} {'peak GiB':>9s}")
@@ -151,6 +169,7 @@ def vllm_engine_check(info, tok, model, batch, samples, args, dtype) -> dict:
     engine = VLLMRollout(
         info["path"], tok, eos_ids=eos_token_ids(model, tok), dtype=str(dtype).removeprefix("torch."),
         gpu_memory_utilization=0.5, max_model_len=MAX_PROMPT + args.max_new, enable_sleep_mode=True, seed=0,
+        enforce_eager=args.enforce_eager,
     )  # fmt: skip
     params = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.max_new)
 

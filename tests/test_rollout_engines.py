@@ -179,6 +179,7 @@ class FakeLLM:
 
     def __init__(self, hf_model, **kwargs):
         self.kwargs = kwargs
+        torch.manual_seed(kwargs["seed"])  # as vLLM's worker seeds this process's global RNGs at start
         self.hf = hf_model
         self.calls = []
         loaded = self.hf
@@ -227,6 +228,8 @@ def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_mode
         made["llm"] = FakeLLM(load_model(tiny_model["path"]).eval(), **kwargs)
         return made["llm"]
 
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
     engine = VLLMRollout(
         str(tiny_model["path"]),
         tiny_tokenizer,
@@ -240,6 +243,8 @@ def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_mode
         llm_factory=factory,
         sampling_params_cls=lambda **kw: types.SimpleNamespace(**kw),
     )
+    # the engine's start reseeded this process; the trainer's RNG is put back
+    assert torch.equal(torch.get_rng_state(), before)
     llm = made["llm"]
     assert llm.kwargs["seed"] == 8 and llm.kwargs["logprobs_mode"] == "processed_logprobs"
     assert llm.kwargs["tokenizer"] == str(tiny_model["path"]) and llm.kwargs["trust_remote_code"] is False
@@ -281,6 +286,17 @@ def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_mode
     count = len(list(actor.parameters()))
     assert engine.load_weights((n, p) for n, p in actor.named_parameters()) == f"loaded {count} tensors"
     assert llm.calls == [("wake", ("weights",)), *[("load", 1)] * count, ("reset",)]
+    # every sampled request is seeded, n apart at least (vLLM seeds sample j with seed + j), from
+    # (seed, uid); without a seed, from this process's RNG, which a checkpoint restores
+    seeds = [sp.seed for sp in llm.sampling]
+    assert len(set(seeds)) == 2 and all(x % 2 == 0 and 0 <= x < 2**62 for x in seeds)
+    unseeded = SamplingParams(n=2, temperature=1.0, max_new_tokens=2)
+    drawn = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        engine.generate(batch, unseeded)
+        drawn.append([sp.seed for sp in llm.sampling])
+    assert drawn[0] == drawn[1] and None not in drawn[0] and drawn[0] != seeds
     # greedy with n > 1 (vLLM refuses it): one sample asked for per prompt, repeated n times
     greedy = engine.generate(batch, SamplingParams(n=3, do_sample=False, max_new_tokens=6))
     assert [sp.n for sp in llm.sampling] == [1, 1] and {sp.temperature for sp in llm.sampling} == {0.0}
@@ -321,3 +337,31 @@ def test_policy_worker_moves_batches_to_its_device_and_returns_them_on_the_cpu(
     del moves[:]
     worker.compute_log_prob(out)
     assert moves == ["cpu:0", "cpu"]
+
+
+def test_vllm_refuses_a_quantized_checkpoint_it_could_not_push_weights_into(
+    tmp_path, tiny_model, tiny_tokenizer
+):
+    """The push skips vLLM's post-load processing, which quantized layers need after every load."""
+    import json
+    import shutil
+
+    from lucidrl.models.loading import ModelLoadError
+
+    folder = tmp_path / "quantized"
+    shutil.copytree(tiny_model["path"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(
+        json.dumps({**config, "quantization_config": {"quant_method": "fp8"}})
+    )
+    with pytest.raises(ModelLoadError, match="is a quantized checkpoint \\(fp8\\)"):
+        VLLMRollout(
+            str(folder),
+            tiny_tokenizer,
+            eos_ids=[tiny_tokenizer.eos_token_id],
+            dtype="bfloat16",
+            gpu_memory_utilization=0.4,
+            max_model_len=64,
+            llm_factory=lambda **kw: pytest.fail("the engine must not start"),
+            sampling_params_cls=lambda **kw: types.SimpleNamespace(**kw),
+        )

@@ -96,6 +96,9 @@ class PolicyWorker:
         if "actor" in roles:
             model = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code)
             check_tokenizer_matches_model(model, self.tokenizer, m.path)
+            # vLLM starts before the actor and the reference are on the GPU: it asks for
+            # gpu_memory_utilization of the card's memory and refuses to start when less is free
+            engine = self._make_rollout(model) if cfg.rollout.name == "vllm" else None
             model.to(self.device)
             if "reference" in roles:
                 self.reference = self._reference(copy.deepcopy(model))
@@ -104,7 +107,7 @@ class PolicyWorker:
             # with one rank the hf rollout generates with the actor's own module; with several it gets
             # a full copy (FSDP2 shards the actor in place)
             rollout_model = copy.deepcopy(model) if sharded and cfg.rollout.name == "hf" else model
-            self.rollout = self._make_rollout(rollout_model)
+            self.rollout = engine or self._make_rollout(rollout_model)
             train_model = (
                 wrap_for_training(model, cfg.trainer.strategy, self.device, compute) if sharded else model
             )

@@ -28,15 +28,46 @@ vLLM is an optional extra (`pip install 'lucidrl[vllm]'`, CUDA only); the config
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import os
-import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
 from lucidrl.batch import Batch
+from lucidrl.models.loading import ModelLoadError
 from lucidrl.workers.rollout_hf import SamplingParams, batch_from_token_lists
+from lucidrl.workers.train_state import process_rng_state, set_process_rng_state
+
+
+def request_seed(base: int, uid: Any, n: int) -> int:
+    """A request's seed from (base, uid): 62 bits of a hash, a multiple of n. vLLM seeds a request's n
+    samples base, base + 1, ..., base + n - 1 (parallel_sampling), so seeds that are less than n apart
+    share samples' noise: base + crc32(uid) put two prompts within n of each other about n times in
+    2^32 pairs, and in a fixed pattern (crc32 is linear)."""
+    digest = hashlib.blake2b(f"{base}:{uid}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 2) // n * n
+
+
+def _refuse_unsupported_checkpoint(model_path: str) -> None:
+    """The weight push copies full-precision HF parameters into vLLM's layers with the model's own
+    load_weights and skips vLLM's post-load processing (verl calls process_weights_after_loading): a
+    quantized checkpoint (its vLLM layers repack weights after loading) would end up with wrong weights."""
+    config = os.path.join(model_path, "config.json")
+    try:
+        with open(config) as f:
+            quantization = json.load(f).get("quantization_config")
+    except (OSError, ValueError):
+        return  # vLLM's own loading says what is wrong with the folder
+    if quantization:
+        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else quantization
+        raise ModelLoadError(
+            f"model.path={model_path!r} is a quantized checkpoint ({method}): rollout.name=vllm pushes the "
+            "actor's full-precision weights into the engine after every update, which quantized layers do "
+            "not take; train from the unquantized model, or use rollout.name=hf"
+        )
 
 
 class VLLMRollout:
@@ -82,6 +113,11 @@ class VLLMRollout:
                 from lucidrl.controller.distributed import pick_port
 
                 os.environ["MASTER_PORT"] = str(pick_port("127.0.0.1", None))
+        _refuse_unsupported_checkpoint(model_path)
+        # vLLM seeds torch's, numpy's and Python's global RNGs with its own seed when its worker starts
+        # (gpu_worker.init_device and again after warm-up), in this process: the trainer's seeding, or
+        # a resumed rank's restored RNG, would be replaced. Put them back afterwards.
+        rng = process_rng_state()
         self.llm = llm_factory(
             model=model_path,
             tokenizer=tokenizer_path or model_path,
@@ -96,6 +132,7 @@ class VLLMRollout:
             seed=seed + rank,
             logprobs_mode="processed_logprobs",
         )
+        set_process_rng_state(rng)
         self.weights_pushed = False  # the actor's weights arrive with the first load_weights
         self.weights_awake = self.kv_awake = True
         if self.sleep_mode:
@@ -156,10 +193,17 @@ class VLLMRollout:
         # greedy samples of a prompt are all the same, and vLLM refuses n > 1 at temperature 0: ask once
         n = params.n if params.do_sample else 1
         sampling = []
+        # every sampled request is seeded: by (params.seed, uid) as HFRollout seeds, or without a seed
+        # (rollout.deterministic=false) from this process's torch RNG, which checkpoints keep: vLLM's own
+        # seed source for unseeded requests lives in the engine, so a resumed run could not sample again
+        # what the uninterrupted one did
+        base = params.seed
+        if base is None and params.do_sample:
+            base = int(torch.randint(0, 2**62, ()).item())
         for i in range(len(prompts)):
             seed = None
-            if params.seed is not None and params.do_sample:  # as HFRollout: by (seed, uid)
-                seed = params.seed + zlib.crc32(str(uids[i] if uids is not None else i).encode())
+            if params.do_sample:
+                seed = request_seed(base, uids[i] if uids is not None else i, n)
             sampling.append(
                 self._sampling_cls(
                     n=n,
