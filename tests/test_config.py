@@ -145,6 +145,42 @@ def test_parse_override_types():
         parse_override("rollout.n")
 
 
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("a=012", 12),  # YAML 1.1: octal 10
+        ("a=1:30", "1:30"),  # 1.1: sexagesimal 90
+        ("a=yes", "yes"),  # 1.1: True (trainer.logger=yes was ['True'])
+        ("a=run #2", "run #2"),  # a YAML comment: 'run'
+        ("a='1e-4'", "1e-4"),  # quoted: the string (it became a float)
+        ("a=1e-4", 1e-4),
+        ("a=.5", 0.5),
+        ("a=0x10", 16),
+        ("a=-.inf", float("-inf")),
+        ("a=[x, y]", ["x", "y"]),
+        ("a={b: 1}", {"b": 1}),
+    ],
+)
+def test_override_values_mean_what_they_say(text, value):
+    """YAML 1.2's core schema, as OmegaConf reads overrides; YAML 1.1 turned each of the first five
+    into something else without a word."""
+    assert parse_override(text) == ("a", value)
+
+
+def test_a_string_is_a_one_item_list_only_as_the_keys_own_value(tmp_path):
+    """`placement.colocate=[actor, rollout]` made each role a colocate group of its own (the error then
+    spoke of devices); now it says a list of lists is needed."""
+    assert load_config(None, ["data.train_files=a.parquet"]).data.train_files == ["a.parquet"]
+    with pytest.raises(
+        ConfigError, match=r"placement.colocate\[0\]' .* must be a list, got 'actor' \(a list of lists"
+    ):
+        load_config(None, ["placement.colocate=[actor, rollout]"])
+    path = tmp_path / "c.yaml"
+    path.write_text("actor:\n  optim: {lr: 1e-4}\ntrainer: {experiment_name: '1e3'}\n")
+    cfg = load_config(path)
+    assert cfg.actor.optim.lr == 1e-4 and cfg.trainer.experiment_name == "1e3"
+
+
 def test_missing_config_file():
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("/nonexistent/c.yaml")

@@ -72,8 +72,9 @@ def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
-def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
-    """Check `value` against the annotation `hint`; return it (ints widen to float)."""
+def _coerce(value: Any, hint: Any, key: str, source: str, top: bool = True) -> Any:
+    """Check `value` against the annotation `hint`; return it (ints widen to float). `top`: the value of
+    a key itself, not an item inside one (only there does a string stand for a one-item list)."""
     if isinstance(value, float) and math.isnan(value):  # passes every `x <= 0` check, and means nothing
         raise ConfigError(f"config key '{key}' (from {source}) must be a number, got NaN")
     origin = get_origin(hint)
@@ -86,7 +87,7 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             if opt is type(None):
                 continue
             try:
-                return _coerce(value, opt, key, source)
+                return _coerce(value, opt, key, source, top)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(f"config key '{key}' (from {source}) must be {_type_name(hint)}, got {value!r}")
@@ -108,15 +109,18 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
                 _apply(item, v if v is not None else {}, f"{key}.{k}.", source, root=value_type)
                 out[str(k)] = item
             else:
-                out[str(k)] = _coerce(v, value_type, f"{key}.{k}", source)
+                out[str(k)] = _coerce(v, value_type, f"{key}.{k}", source, top=False)
         return out
     if origin is list:
         (item,) = get_args(hint) or (Any,)
-        if isinstance(value, (str, int, float)) and item is str:
-            value = [str(value)]  # `data.train_files=a.parquet` means a one-element list
+        if top and isinstance(value, str) and item is str:
+            # `data.train_files=a.parquet` means a one-element list; inside a list it does not
+            # (`placement.colocate=[actor, rollout]` made each role a group of its own)
+            value = [value]
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key '{key}' (from {source}) must be a list, got {value!r}")
-        return [_coerce(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
+            hint_text = "" if top else " (a list of lists: write [[a, b]])"
+            raise ConfigError(f"config key '{key}' (from {source}) must be a list, got {value!r}{hint_text}")
+        return [_coerce(v, item, f"{key}[{i}]", source, top=False) for i, v in enumerate(value)]
     if hint is Any:
         return value
     if hint is bool:
@@ -164,19 +168,71 @@ def _apply(obj: Any, data: dict[str, Any], prefix: str, source: str, root: type 
             setattr(obj, name, _coerce(value, hint, key, source))
 
 
+class _CoreLoader(yaml.SafeLoader):
+    """YAML with YAML 1.2's core schema for plain scalars, as OmegaConf users expect: `true`/`false`
+    only are booleans (1.1 also made `yes`, `no`, `on` and `off` booleans: `trainer.logger=yes` was
+    ['True']), integers are decimal, 0o or 0x (1.1 read `012` as 10 and `1:30` as 90), and `1e-4` is a
+    float (1.1 needs a dot), so a quoted '1e-4' stays the string it was written as."""
+
+
+_CoreLoader.yaml_implicit_resolvers = {
+    first: [
+        (tag, rx)
+        for tag, rx in resolvers
+        if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    ]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_CoreLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_CoreLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+)
+_CoreLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+.0123456789"),
+)
+
+
+def _construct_core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node)
+    if text.startswith("0o"):
+        return int(text[2:], 8)
+    return int(text, 16) if text.startswith("0x") else int(text, 10)
+
+
+def _construct_core_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
+    text = loader.construct_scalar(node).lower()
+    if text.endswith("inf"):
+        return float("-inf") if text.startswith("-") else float("inf")
+    return float("nan") if text == ".nan" else float(text)
+
+
+_CoreLoader.add_constructor("tag:yaml.org,2002:int", _construct_core_int)
+_CoreLoader.add_constructor("tag:yaml.org,2002:float", _construct_core_float)
+
+
 def parse_override(text: str) -> tuple[str, Any]:
-    """`a.b=value` → ("a.b", parsed value), parsing the value as YAML (8, 1e-4, true, [a, b], null)."""
+    """`a.b=value` → ("a.b", parsed value), parsing the value as YAML 1.2 core (8, 1e-4, true, [a, b],
+    null). A value with a `#` in it is the text as written, unless it is a list or mapping: YAML would
+    read `run #2` as `run` and a comment."""
     if "=" not in text:
         raise ConfigError(f"override '{text}' is not of the form key=value (e.g. rollout.n=8)")
     key, raw = text.split("=", 1)
     key = key.strip().lstrip("+")
     if not key:
         raise ConfigError(f"override '{text}' has an empty key")
+    if "#" in raw and not raw.strip().startswith(("[", "{")):
+        return key, raw
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_CoreLoader) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    return key, _yaml_float_fix(value)
+    return key, value
 
 
 def _nest(key: str, value: Any) -> dict[str, Any]:
@@ -189,21 +245,7 @@ def _nest(key: str, value: Any) -> dict[str, Any]:
     return out
 
 
-def _yaml_float_fix(node: Any) -> Any:
-    """YAML 1.1 reads `1e-4` as a string; turn such strings into floats."""
-    if isinstance(node, dict):
-        return {k: _yaml_float_fix(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_yaml_float_fix(v) for v in node]
-    if isinstance(node, str) and "e" in node.lower() and node[:1] in "+-.0123456789":
-        try:
-            return float(node)
-        except ValueError:
-            return node
-    return node
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeyLoader(_CoreLoader):
     """yaml.safe_load, except that a key given twice in one mapping is an error: with safe_load the last
     one silently won (`actor:` twice in a file dropped the first section's keys)."""
 
@@ -237,7 +279,7 @@ def load_config(
             data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from e
-        _apply(cfg, _yaml_float_fix(data), "", f"file {path}")
+        _apply(cfg, data, "", f"file {path}")
     for text in overrides or []:
         key, value = parse_override(text)
         source = f"command-line override '{text}'"
