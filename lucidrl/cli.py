@@ -46,6 +46,10 @@ def _cmd_data_kk(args: argparse.Namespace) -> int:
     from lucidrl.data.kk import parse_people_range, write_kk_parquet
     from lucidrl.diagnostics.errors import UsageError
 
+    if args.train < 1 or args.val < 0:
+        raise UsageError(
+            f"lucidrl data kk: --train {args.train} --val {args.val}: need --train >= 1 and --val >= 0"
+        )
     try:
         people = parse_people_range(args.people)
         info = write_kk_parquet(
@@ -470,7 +474,11 @@ def entry() -> int:
     """The `lucidrl` console command: allocator settings first (they need a fresh process), then main."""
     from lucidrl.launch import reexec_with_malloc_tuning
 
-    reexec_with_malloc_tuning()
+    try:
+        reexec_with_malloc_tuning()
+    except ValueError as e:  # LUCIDRL_MALLOC_TUNING set to what it does not take: before main's handler
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return main()
 
 

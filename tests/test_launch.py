@@ -108,3 +108,17 @@ def test_every_user_error_is_still_the_builtin_it_was():
     }
     for cls, base in builtin.items():
         assert issubclass(cls, UserError) and issubclass(cls, base), cls
+
+
+def test_small_cli_inputs_that_crashed_are_usage_errors(tmp_path, monkeypatch, capsys):
+    """From a review: each raised a raw traceback (exit 1), or wrote an empty split with exit 0."""
+    from lucidrl.cli import entry, main
+
+    monkeypatch.setenv("LUCIDRL_MALLOC_TUNING", "maybe")
+    assert entry() == 2
+    assert "LUCIDRL_MALLOC_TUNING='maybe': use 1" in capsys.readouterr().err
+    monkeypatch.delenv("LUCIDRL_MALLOC_TUNING")
+    assert main(["data", "kk", "--train", "0", "--out", str(tmp_path / "kk")]) == 2
+    assert "need --train >= 1" in capsys.readouterr().err and not (tmp_path / "kk").exists()
+    assert main(["serve", str(tmp_path), "--port", "99999"]) == 2
+    assert "--port 99999 is not a TCP port" in capsys.readouterr().err

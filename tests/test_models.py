@@ -300,3 +300,15 @@ def test_a_critic_of_another_vocabulary_is_refused_naming_critic_model_path(
         ModelLoadError, match=r"the model at critic\.model_path=.*has \d+ embedding rows but its tokenizer"
     ):
         PPOTrainer(cfg)
+
+
+def test_a_broken_safetensors_index_is_a_model_load_error(tiny_dir: Path, tmp_path: Path) -> None:
+    from lucidrl.models.inspection import inspect_model_folder
+
+    folder = tmp_path / "indexed"
+    shutil.copytree(tiny_dir, folder)
+    (folder / "model.safetensors.index.json").write_text('{"metadata": {}}')  # no weight_map: a KeyError
+    with pytest.raises(
+        ModelLoadError, match=r"model.safetensors.index.json is not a safetensors index .*weight_map"
+    ):
+        inspect_model_folder(str(folder))

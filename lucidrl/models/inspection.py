@@ -44,7 +44,13 @@ def _safetensors_shapes(folder: Path) -> tuple[list[str], dict[str, tuple[int, .
 
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(
+                f"{index} is not a safetensors index ({type(e).__name__}: {e}): it must be JSON with a "
+                '"weight_map" of tensor name -> file; save the model again with save_pretrained'
+            ) from e
     else:
         files = sorted(p.name for p in folder.glob("*.safetensors"))
     if not files:

@@ -432,6 +432,8 @@ def make_server(
         )
     if max_batch < 1:
         raise UsageError(f"--max-batch={max_batch} must be >= 1")
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port} is not a TCP port: use 1-65535, or 0 for a free one")
     if max_request_samples is not None and max_request_samples < 1:
         raise UsageError(f"--max-request-samples={max_request_samples} must be >= 1")
     try:
