@@ -312,3 +312,20 @@ def test_a_broken_safetensors_index_is_a_model_load_error(tiny_dir: Path, tmp_pa
         ModelLoadError, match=r"model.safetensors.index.json is not a safetensors index .*weight_map"
     ):
         inspect_model_folder(str(folder))
+
+
+def test_trust_remote_code_reaches_the_tokenizer(tiny_dir: Path, monkeypatch) -> None:
+    """model.trust_remote_code applied to the model only: a custom tokenizer class loaded as the generic one."""
+    import transformers
+
+    seen = []
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("trust_remote_code"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", recording)
+    load_tokenizer(str(tiny_dir), trust_remote_code=True)
+    load_tokenizer(str(tiny_dir))
+    assert seen == [True, False]
