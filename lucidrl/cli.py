@@ -144,7 +144,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
-    if items and "=" not in items[0]:
+    """(the config file, the overrides): the first argument is the file when it has no `=`, or when it
+    names a .yaml file that exists (a path such as runs/lr=1e-4/config.yaml)."""
+    if items and ("=" not in items[0] or (items[0].endswith((".yaml", ".yml")) and Path(items[0]).is_file())):
         return items[0], items[1:]
     return None, items
 

@@ -273,3 +273,19 @@ def test_a_key_given_twice_in_a_file_is_an_error_naming_both_lines(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"key 'actor' is given twice in one mapping \(lines 1 and 4\)"):
         load_config(path)
+
+
+def test_sft_refuses_lora_keys_it_would_not_read_and_a_config_path_may_hold_an_equals_sign(tmp_path):
+    from lucidrl.cli import _split_config_args
+    from lucidrl.config.schema import SFTConfig
+
+    with pytest.raises(
+        ConfigError, match="model.lora_alpha=32.0 configures LoRA, which `lucidrl sft` does not do"
+    ):
+        load_config(None, ["model.lora_alpha=32"], schema=SFTConfig)
+    folder = tmp_path / "lr=1e-4"
+    folder.mkdir()
+    (folder / "config.yaml").write_text("{}\n")
+    path = str(folder / "config.yaml")
+    assert _split_config_args([path, "rollout.n=2"]) == (path, ["rollout.n=2"])  # was read as an override
+    assert _split_config_args(["rollout.n=2"]) == (None, ["rollout.n=2"])

@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
-from lucidrl.config.schema import LucidConfig, SFTConfig
+from lucidrl.config.schema import LucidConfig, ModelConfig, SFTConfig
 from lucidrl.diagnostics.errors import UserError
 
 T = TypeVar("T")
@@ -469,6 +469,13 @@ def _validate_sft(cfg: SFTConfig) -> None:
             f"model.lora_rank={cfg.model.lora_rank}: `lucidrl sft` trains every weight for now (LoRA is "
             "`lucidrl train`'s); drop model.lora_rank"
         )
+    lora_defaults = ModelConfig()
+    for name in ("lora_alpha", "lora_dropout", "target_modules"):  # read by LoRA only, which SFT has not
+        if getattr(cfg.model, name) != getattr(lora_defaults, name):
+            raise ConfigError(
+                f"model.{name}={getattr(cfg.model, name)!r} configures LoRA, which `lucidrl sft` does not do "
+                f"(it trains every weight); drop model.{name}"
+            )
     if cfg.bf16_autocast and cfg.model.compute_dtype == "float32":
         raise ConfigError(
             "bf16_autocast=true asks for bfloat16 compute but model.compute_dtype=float32 says float32; "
