@@ -5,7 +5,8 @@ their config classes (no hub): greedy decoding (one sample and n samples over a 
 give `model.generate`'s tokens, the log-probs recorded while sampling must equal the training
 forward's, and the shared-prompt forward (`actor.share_prompt_forward`) must equal the full forward
 in value and gradient. The architectures stand for what users bring: Llama's and Qwen3's attention
-(q/k norms), Mistral's sliding window (decoded without the shared prefix, with a warning), Gemma 2's
+(q/k norms), Mistral's sliding window (decoded without the shared prefix when it is narrower than the
+sequence, over it when wider), Llama 4's chunked attention and GPT-OSS's sinks (decoded plainly), Gemma 2's
 sliding layers and soft-capped logits, Phi-3's fused projections, GPT-2's absolute positions and
 Conv1D layers, GPT-NeoX's partial rotary and parallel residual, Granite's scaled logits and a
 Qwen3 mixture of experts. And `lucidrl train` end to end on a Llama folder with a critic (PPO) and
@@ -50,6 +51,24 @@ def _configs():
         T.GPTNeoXForCausalLM,
     )
     yield "granite", T.GraniteConfig(**COMMON, logits_scaling=4.0), T.GraniteForCausalLM
+    # a window wider than prompt + response restricts nothing: decoded over the shared prefix
+    yield "mistral-wide", T.MistralConfig(**COMMON, sliding_window=4096), T.MistralForCausalLM
+    # sharp attention (initializer_range 0.2), so that a mask or term left out shows: Llama 4's chunked
+    # attention (the shared prefix ignored the chunks: log-probs 7 nats off) and GPT-OSS's attention
+    # sinks on all-full layers (dropped: 1.2 nats off), both now decoded the plain way
+    sharp = dict(COMMON, initializer_range=0.2, head_dim=8, num_local_experts=2, num_experts_per_tok=1)
+    yield (
+        "llama4-chunked",
+        T.Llama4TextConfig(
+            **sharp,
+            intermediate_size_mlp=64,
+            attention_chunk_size=4,
+            no_rope_layers=[1, 1],
+            attn_temperature_tuning=False,
+        ),
+        T.Llama4ForCausalLM,
+    )
+    yield "gpt_oss-sinks", T.GptOssConfig(**sharp, layer_types=["full_attention"] * 2), T.GptOssForCausalLM
     yield (
         "qwen3_moe",
         T.Qwen3MoeConfig(
@@ -99,9 +118,9 @@ def test_greedy_decoding_gives_transformers_generate_tokens(name):
         (one == EOS).any(-1).all() or one.shape[1] == R
     )
     fallback = [str(w.message) for w in caught if "not the shared prefix" in str(w.message)]
-    if name == "mistral-sliding":  # its attention refuses the shared prefix: said once, decoded the plain way
-        assert fallback and "sliding-window" in fallback[0]
-    else:
+    if name == "gpt_oss-sinks":  # its attention passes sinks: refused when met, said once, decoded plainly
+        assert fallback and "s_aux" in fallback[0]
+    else:  # sliding windows narrower than the sequence and chunked attention are known beforehand: no warning
         assert not fallback
 
 
@@ -188,3 +207,38 @@ def test_lucidrl_train_runs_other_architectures_end_to_end(name, extra, tmp_path
     start = load_file(f"{folder}/model.safetensors")
     after = {k: v for k, v in exported.state_dict().items() if k in start}
     assert max((after[k] - start[k]).abs().max().item() for k in after) > 0  # training moved weights
+
+
+def test_a_refused_shared_prefix_leaves_the_sampling_rng_as_the_plain_path_would():
+    """The shared attempt samples its first token before a layer can refuse; the plain rerun then drew
+    from an advanced RNG, so the first prompt a process decoded differed from the same seeded call later
+    (rollout.deterministic broke for e.g. every model whose attention refuses at the first step)."""
+    from lucidrl.workers import decode
+
+    _, prompts, mask = _model_and_prompts("llama")
+    torch.manual_seed(0)  # soft-capped attention on all-full layers: refused by the attention itself
+    config = T.Gemma2Config(
+        **COMMON, head_dim=8, layer_types=["full_attention"] * 2, attn_logit_softcapping=5.0
+    )
+    model = T.Gemma2ForCausalLM(config).eval()
+    decode._NO_SHARED_PREFIX.discard(type(model))
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outs.append(_decode(model, prompts, mask, N, do_sample=True)[0])
+        assert type(model) in decode._NO_SHARED_PREFIX  # the first call tried, and fell back
+    # the second went the plain way at once: the same samples
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_models_whose_layers_are_not_attention_are_named_with_the_other_loop():
+    """Mamba and hybrid models crashed inside transformers (IndexError in the cache) at the first generation."""
+    from lucidrl.workers.decode import DecodeLoopUnsupported, check_decode_loop_supported
+
+    torch.manual_seed(0)
+    mamba = T.MambaForCausalLM(T.MambaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=4))
+    with pytest.raises(DecodeLoopUnsupported, match="set rollout.decode_loop=transformers"):
+        check_decode_loop_supported(mamba)
+    check_decode_loop_supported(CONFIGS["llama"][1](CONFIGS["llama"][0]))  # attention only: fine

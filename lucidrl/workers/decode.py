@@ -26,6 +26,8 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
+from lucidrl.diagnostics.errors import UserError
+
 # drop finished rows from the cache once this share of the active rows has ended
 COMPACT_FRACTION = 0.25
 
@@ -137,6 +139,10 @@ def sample_tokens(probs: torch.Tensor) -> torch.Tensor:
 SHARED_PREFIX_ATTENTION = "lucidrl_shared_prefix"
 
 
+class DecodeLoopUnsupported(UserError, ValueError):
+    """A model lucidrl's decode loop cannot run (rollout.decode_loop=transformers can)."""
+
+
 class SharedPrefixUnsupported(RuntimeError):
     """The model's attention cannot decode over a shared prefix (it is then decoded the plain way)."""
 
@@ -150,6 +156,7 @@ class SharedPrefix:
     mask: torch.Tensor  # (bs, P) bool: real prompt positions (False on left padding)
     n: int
     slots: torch.Tensor  # (rows,) each active row's index among bs * n (its prompt: slot // n)
+    span: int = 0  # prompt width + max_new_tokens: a sliding window at least this wide restricts nothing
     layers_called: set[int] = field(default_factory=set)
     _biases: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -167,6 +174,16 @@ class SharedPrefix:
                 bias[:, None, None, :].expand(-1, kv_heads, 1, -1).reshape(-1, 1, self.mask.shape[-1])
             )
         return self._biases[kv_heads]
+
+
+# keyword arguments of an attention call that do not change what it computes (sliding_window and
+# softcap are checked on their own)
+_PLAIN_ATTENTION_KWARGS = frozenset(
+    {
+        "shared_prefix", "position_ids", "use_cache", "cache_position", "output_attentions", "past_key_value",
+        "past_key_values", "is_causal", "sliding_window", "softcap", "layer_idx", "position_embeddings",
+    }
+)  # fmt: skip
 
 
 def shared_prefix_attention(
@@ -189,8 +206,20 @@ def shared_prefix_attention(
     prefix = kwargs.get("shared_prefix")
     if not isinstance(prefix, SharedPrefix) or query.shape[2] != 1:
         raise SharedPrefixUnsupported("shared-prefix attention needs decode steps (one query) and the prefix")
-    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None or dropout:
+    window = kwargs.get("sliding_window")
+    if (window is not None and window < prefix.span) or kwargs.get("softcap") is not None or dropout:
         raise SharedPrefixUnsupported("sliding-window, soft-capped or dropout attention")
+    # anything else the layer passes changes the attention (sinks, s_aux, position biases) unless it
+    # is one of the arguments every attention function gets: an unknown one is refused, not ignored
+    unknown = sorted(
+        k
+        for k, v in kwargs.items()
+        if v is not None and k not in _PLAIN_ATTENTION_KWARGS and not k.startswith(("output_", "return_"))
+    )
+    if unknown:
+        raise SharedPrefixUnsupported(
+            f"its attention takes {', '.join(unknown)}, which shared-prefix attention does not apply"
+        )
     layer = module.layer_idx
     prefix.layers_called.add(layer)
     k_t, v_p = prefix.keys_t[layer], prefix.values[layer]
@@ -256,14 +285,39 @@ def attention_implementation(model: torch.nn.Module, name: str):
 _NO_SHARED_PREFIX: set[type] = set()
 
 
-def _can_share_prefix(model: torch.nn.Module) -> bool:
+def _can_share_prefix(model: torch.nn.Module, span: int) -> bool:
+    """Whether every layer's attention is plain softmax attention over all earlier tokens, through
+    transformers' attention interface, for sequences of `span` tokens. Decided before decoding: a
+    refusal found in the first step (which already sampled) would leave the RNG one draw on."""
     config = getattr(model, "config", None)
-    return (
-        type(model) not in _NO_SHARED_PREFIX
-        and config is not None
-        and hasattr(config, "_attn_implementation")
-        and "sliding_attention" not in (getattr(config, "layer_types", None) or [])
+    if type(model) in _NO_SHARED_PREFIX or config is None or not hasattr(config, "_attn_implementation"):
+        return False
+    if getattr(type(model), "_supports_attention_backend", True) is False:  # its own attention code
+        return False
+    # only full attention: sliding, chunked (Llama 4) or linear-attention layers would be ignored
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+        return False
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and window < span:
+        return False
+    # Llama 4: chunked attention, and a query scale computed from the cache's length
+    return not (
+        getattr(config, "attention_chunk_size", None) or getattr(config, "attn_temperature_tuning", False)
     )
+
+
+def check_decode_loop_supported(model: torch.nn.Module) -> None:
+    """Raise DecodeLoopUnsupported naming rollout.decode_loop=transformers for models whose layers are not all
+    attention (state-space and hybrid models: Mamba, Qwen3-Next): the loop's caches hold keys and
+    values only, and such models crashed inside transformers with an IndexError."""
+    config = getattr(model, "config", None)
+    kinds = set(getattr(config, "layer_types", None) or [])
+    other = sorted(kinds - {"full_attention", "sliding_attention", "chunked_attention"})
+    if other or getattr(config, "model_type", "") in ("mamba", "mamba2", "rwkv"):
+        raise DecodeLoopUnsupported(
+            f"{type(model).__name__} has layers that are not attention ({', '.join(other) or config.model_type}), "
+            "which lucidrl's decode loop cannot cache; set rollout.decode_loop=transformers"
+        )
 
 
 @torch.no_grad()
@@ -290,10 +344,17 @@ def sample_group(
         n=n, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, do_sample=do_sample,
         temperature=temperature, top_k=top_k, top_p=top_p,
     )  # fmt: skip
-    if n > 1 and _can_share_prefix(model):
+    check_decode_loop_supported(model)
+    if n > 1 and _can_share_prefix(model, prompts.shape[1] + max_new_tokens):
+        # the first step samples before a layer can refuse: the plain rerun must draw the same numbers
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state(prompts.device) if prompts.device.type == "cuda" else None
         try:
             return _decode(model, prompts, prompt_mask, shared=True, **kwargs)
         except SharedPrefixUnsupported as e:
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state(cuda_rng, prompts.device)
             _NO_SHARED_PREFIX.add(type(model))
             warnings.warn(
                 f"{type(model).__name__}: decoding with a copy of the prompt cache per sample, not the shared "
@@ -339,6 +400,7 @@ def _decode(
             mask=prompt_mask.bool(),
             n=n,
             slots=active,
+            span=prompts.shape[1] + max_new_tokens,
         )
         cache = reserved_cache(max_new_tokens)  # the rows' own tokens
     elif n > 1:

@@ -11,7 +11,7 @@ from transformers import GenerationConfig
 from lucidrl.algos import logprobs_from_logits
 from lucidrl.batch import Batch
 from lucidrl.models.precision import compute_context
-from lucidrl.workers.decode import sample_group
+from lucidrl.workers.decode import check_decode_loop_supported, sample_group
 
 
 @dataclass
@@ -102,6 +102,8 @@ class HFRollout:
         if decode_loop not in ("lucidrl", "transformers"):
             raise ValueError(f"rollout.decode_loop must be 'lucidrl' or 'transformers', got {decode_loop!r}")
         self.decode_loop = decode_loop
+        if decode_loop == "lucidrl":
+            check_decode_loop_supported(model)  # at start, not at the first generation
         self.compute_dtype = compute_dtype  # autocast dtype while decoding (model.compute_dtype)
         self.model = model
         self.tokenizer = tokenizer
