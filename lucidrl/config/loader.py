@@ -246,8 +246,8 @@ def _nest(key: str, value: Any) -> dict[str, Any]:
 
 
 class _UniqueKeyLoader(_CoreLoader):
-    """yaml.safe_load, except that a key given twice in one mapping is an error: with safe_load the last
-    one silently won (`actor:` twice in a file dropped the first section's keys)."""
+    """_CoreLoader for config files, where a key given twice in one mapping is an error: with
+    yaml.safe_load the last one silently won (`actor:` twice in a file dropped the first section's keys)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
@@ -438,7 +438,7 @@ def _validate_optim(optim: Any, prefix: str) -> None:
         )
 
 
-def _validate_run(t: Any, m: Any) -> None:
+def _validate_run(t: Any) -> None:
     """Where a run goes and runs, for `lucidrl train` and `lucidrl sft` alike."""
     name = t.experiment_name
     if not name or name in (".", "..") or "/" in name or "\\" in name:
@@ -462,7 +462,7 @@ def _validate_port(key: str, port: int | None) -> None:
 
 def _validate_sft(cfg: SFTConfig) -> None:
     _validate_precision(cfg.model)
-    _validate_run(cfg.trainer, cfg.model)
+    _validate_run(cfg.trainer)
     _validate_optim(cfg.optim, "optim")
     if cfg.model.lora_rank:
         raise ConfigError(
@@ -635,7 +635,7 @@ def _validate_rl(cfg: LucidConfig) -> None:
     )
     _validate_collapse(cfg.trainer.collapse)
     _validate_precision(cfg.model)
-    _validate_run(cfg.trainer, cfg.model)
+    _validate_run(cfg.trainer)
     _validate_optim(cfg.actor.optim, "actor.optim")
     _validate_optim(cfg.critic.optim, "critic.optim")
     _validate_port("trainer.master_port", cfg.trainer.master_port)
@@ -748,8 +748,8 @@ def _validate_rl(cfg: LucidConfig) -> None:
     if c.warmup_steps < 0 or c.cliprange_value <= 0:
         raise ConfigError("critic.warmup_steps must be >= 0 and critic.cliprange_value > 0")
     if alg.adv_estimator == "gae":
-        mini = (c.ppo_mini_batch_size or a.ppo_mini_batch_size) * r.n
-        if d.train_batch_size % (c.ppo_mini_batch_size or a.ppo_mini_batch_size) or (
+        mini = cfg.critic_mini_batch_prompts * r.n
+        if d.train_batch_size % cfg.critic_mini_batch_prompts or (
             mini % c.ppo_micro_batch_size and not c.use_dynamic_bsz
         ):
             raise ConfigError(

@@ -351,6 +351,11 @@ class LucidConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 
+    @property
+    def critic_mini_batch_prompts(self) -> int:
+        """Prompts per mini-batch of the critic's update: its own setting, else the actor's."""
+        return self.critic.ppo_mini_batch_size or self.actor.ppo_mini_batch_size
+
 
 @dataclass
 class SFTDataConfig:

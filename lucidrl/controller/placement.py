@@ -153,7 +153,7 @@ def plan_groups(cfg: LucidConfig) -> list[GroupPlan]:
     for p in plans:
         for role, prompts in (
             ("actor", cfg.actor.ppo_mini_batch_size),
-            ("critic", cfg.critic.ppo_mini_batch_size or cfg.actor.ppo_mini_batch_size),
+            ("critic", cfg.critic_mini_batch_prompts),
         ):
             samples = prompts * cfg.rollout.n
             if role in p.roles and p.world_size > 1 and samples % p.world_size:

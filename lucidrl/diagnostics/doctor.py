@@ -505,13 +505,11 @@ def check_placement(needs: Needs, words: str, cpus: int | None = None) -> Check:
 
 
 def check_tokenizer(cfg: Any) -> tuple[Check, Any]:
-    from lucidrl.models import load_tokenizer
+    from lucidrl.models import load_run_tokenizer
 
-    m = cfg.model
-    key = "model.tokenizer_path" if m.tokenizer_path else "model.path"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tok = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token, config_key=key)
+        tok = load_run_tokenizer(cfg.model)
     detail = f"{type(tok).__name__}, {len(tok)} tokens, pad {tok.pad_token!r} (id {tok.pad_token_id})"
     if any("no pad token" in str(w.message) for w in caught):
         return Check(

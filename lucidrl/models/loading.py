@@ -131,6 +131,17 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, trust_remote_code:
         ) from exc
 
 
+def load_run_tokenizer(m: Any) -> Any:
+    """The tokenizer a run's `model` section names (model.tokenizer_path, else model.path), with its
+    model.pad_token and model.trust_remote_code; errors name the key the folder came from."""
+    return load_tokenizer(
+        m.tokenizer_path or m.path,
+        pad_token=m.pad_token,
+        config_key="model.tokenizer_path" if m.tokenizer_path else "model.path",
+        trust_remote_code=m.trust_remote_code,
+    )
+
+
 def check_tokenizer_matches_model(
     model: Any, tokenizer: Any, path: str, config_key: str = "model.path"
 ) -> None:

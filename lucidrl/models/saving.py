@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def fsync_dir(path: str | Path) -> None:
-    """Flush a folder's entries (the names renamed into it) to disk."""
+    """Flush a folder's entries (the names renamed into it), or a file's contents, to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -23,11 +23,7 @@ def fsync_tree(root: str | Path) -> None:
     them so)."""
     for dirpath, _, files in os.walk(root):
         for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_dir(os.path.join(dirpath, name))  # the same call flushes a file
         fsync_dir(dirpath)
 
 

@@ -329,7 +329,7 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     empty; with `overwrite`, an existing model folder (holding config.json) is replaced.
     """
     from lucidrl.config import LucidConfig, config_from_dict
-    from lucidrl.models import load_model, load_tokenizer
+    from lucidrl.models import load_model, load_run_tokenizer, load_tokenizer
     from lucidrl.models.loading import DTYPES, ModelLoadError
     from lucidrl.models.lora import ADAPTER, quiet_peft
     from lucidrl.models.saving import save_hf_folder
@@ -362,7 +362,7 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
 
         try:
             base = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
-            tokenizer = load_tokenizer(m.tokenizer_path or m.path, pad_token=m.pad_token)
+            tokenizer = load_run_tokenizer(m)
         except ModelLoadError as exc:
             raise ModelLoadError(
                 f"{exc}\n({ckpt} holds LoRA adapters only: export merges them into the run's base model, "

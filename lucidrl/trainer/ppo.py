@@ -228,26 +228,25 @@ class PPOTrainer:
                     batch.set("token_level_rewards", batch["token_level_scores"])
                 batch.update(compute_advantage(batch, cfg))
             debug_hop("trainer -> critic/actor update", batch)
-            # each rank gets its part of every global mini-batch (dispatch.mini_batch_order)
-            n = cfg.rollout.n
             if w.critic is not None:
                 with timer("update_critic", t):
-                    critic_rows = (cfg.critic.ppo_mini_batch_size or cfg.actor.ppo_mini_batch_size) * n
-                    metrics.update(
-                        w.critic.update_critic(mini_batch_order(batch, critic_rows, w.critic.world_size))
-                    )
+                    ordered = self._by_mini_batch(batch, cfg.critic_mini_batch_prompts, w.critic)
+                    metrics.update(w.critic.update_critic(ordered))
             if self.global_step > cfg.critic.warmup_steps:
                 with timer("update_actor", t):
-                    actor_rows = cfg.actor.ppo_mini_batch_size * n
-                    metrics.update(
-                        w.actor.update_actor(mini_batch_order(batch, actor_rows, w.actor.world_size))
-                    )
+                    ordered = self._by_mini_batch(batch, cfg.actor.ppo_mini_batch_size, w.actor)
+                    metrics.update(w.actor.update_actor(ordered))
                 with timer("sync_weights", t):
                     w.actor.sync_rollout()
         metrics.update(step_metrics(batch, cfg.data.max_response_length))
         metrics.update(timing_metrics(t, batch))
         metrics["training/epoch"] = float(self.data_epoch)  # of the last prompt batch drawn, from 0
         return metrics
+
+    def _by_mini_batch(self, batch: Batch, prompts: int, group) -> Batch:
+        """`batch` ordered so that each of `group`'s ranks gets its part of every global mini-batch of
+        `prompts` prompts (dispatch.mini_batch_order): the same optimizer steps on any number of ranks."""
+        return mini_batch_order(batch, prompts * self.cfg.rollout.n, group.world_size)
 
     def validate(self) -> dict[str, float]:
         w, cfg = self.workers, self.cfg

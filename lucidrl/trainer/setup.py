@@ -19,7 +19,7 @@ from lucidrl.controller.worker_group import LocalWorkerGroup, RayWorkerGroup, Wo
 from lucidrl.data.dataset import FilterReport, PromptSample, load_prompts
 from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.diagnostics.errors import UserError
-from lucidrl.models import load_tokenizer
+from lucidrl.models import load_run_tokenizer
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer.rewards import ModelRewardScorer
 from lucidrl.workers.policy import PolicyWorker
@@ -148,12 +148,7 @@ def load_data(cfg: LucidConfig, tokenizer) -> tuple[list[PromptSample], list[Pro
 def build_workers(cfg: LucidConfig) -> Workers:
     """One worker group per placement group plan; the reward manager in this process."""
     m = cfg.model
-    tokenizer = load_tokenizer(
-        m.tokenizer_path or m.path,
-        pad_token=m.pad_token,
-        config_key="model.tokenizer_path" if m.tokenizer_path else "model.path",
-        trust_remote_code=m.trust_remote_code,
-    )
+    tokenizer = load_run_tokenizer(m)
     groups: dict[str, WorkerGroup] = {}
     plans = plan_groups(cfg)
     ray_cluster = ensure_ray(cfg.trainer.ray_address, num_cpus=None) if cfg.trainer.backend == "ray" else None

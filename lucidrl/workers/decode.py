@@ -27,6 +27,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 from lucidrl.diagnostics.errors import UserError
+from lucidrl.workers.train_state import process_rng_state, set_process_rng_state
 
 # drop finished rows from the cache once this share of the active rows has ended
 COMPACT_FRACTION = 0.25
@@ -347,14 +348,11 @@ def sample_group(
     check_decode_loop_supported(model)
     if n > 1 and _can_share_prefix(model, prompts.shape[1] + max_new_tokens):
         # the first step samples before a layer can refuse: the plain rerun must draw the same numbers
-        rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state(prompts.device) if prompts.device.type == "cuda" else None
+        rng = process_rng_state()
         try:
             return _decode(model, prompts, prompt_mask, shared=True, **kwargs)
         except SharedPrefixUnsupported as e:
-            torch.set_rng_state(rng)
-            if cuda_rng is not None:
-                torch.cuda.set_rng_state(cuda_rng, prompts.device)
+            set_process_rng_state(rng)
             _NO_SHARED_PREFIX.add(type(model))
             warnings.warn(
                 f"{type(model).__name__}: decoding with a copy of the prompt cache per sample, not the shared "

@@ -36,7 +36,7 @@ from lucidrl.controller.distributed import (
 )
 from lucidrl.controller.rank_metrics import RankMetrics
 from lucidrl.diagnostics.debug import debug_enabled
-from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
+from lucidrl.models import check_tokenizer_matches_model, load_model, load_run_tokenizer
 from lucidrl.models.loading import DTYPES
 from lucidrl.models.lora import ADAPTER, apply_lora, is_lora, merged
 from lucidrl.models.precision import autocast_dtype
@@ -85,12 +85,7 @@ class PolicyWorker:
         m = cfg.model
         dtype = DTYPES[m.dtype]
         compute = self.compute_dtype = autocast_dtype(m.dtype, m.compute_dtype)  # bf16 over fp32 weights
-        self.tokenizer = load_tokenizer(
-            m.tokenizer_path or m.path,
-            pad_token=m.pad_token,
-            config_key="model.tokenizer_path" if m.tokenizer_path else "model.path",
-            trust_remote_code=m.trust_remote_code,
-        )
+        self.tokenizer = load_run_tokenizer(m)
         self.actor = self.rollout = self.reference = self.critic = self.reward_model = None
         sharded = self.world_size > 1
         if "actor" in roles:
@@ -141,7 +136,7 @@ class PolicyWorker:
             self.critic = CriticWorker(
                 value_model,
                 c,
-                mini_batch_prompts=c.ppo_mini_batch_size or cfg.actor.ppo_mini_batch_size,
+                mini_batch_prompts=cfg.critic_mini_batch_prompts,
                 samples_per_prompt=cfg.rollout.n,
                 world_size=self.world_size,
                 compute_dtype=compute,
