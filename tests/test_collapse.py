@@ -114,14 +114,14 @@ def test_reports_once():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ({"patience": 0}, "patience and trainer.collapse.baseline_steps must be >= 1"),
-        ({"min_mixed_groups_ratio": 1.5}, "min_mixed_groups_ratio must be in (0, 1]"),
-        ({"min_entropy": -1.0}, "min_entropy must be > 0 or null"),
+        ({"patience": 0}, "'trainer.collapse.patience' .* must be >= 1"),
+        ({"min_mixed_groups_ratio": 1.5}, r"'trainer.collapse.min_mixed_groups_ratio' .* must be in \(0, 1\]"),
+        ({"min_entropy": -1.0}, "'trainer.collapse.min_entropy' .* must be > 0, got -1.0"),
         ({"min_mixed_groups_ratio": None}, "every sign is off"),
     ],
 )
 def test_config_errors_name_the_key(override, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=message):
         config_from_dict({"trainer": {"collapse": override}})
 
 

@@ -101,7 +101,7 @@ def test_models_the_chunked_head_cannot_serve_are_refused(tiny_model):
     capped.config.final_logit_softcapping = 30.0  # Gemma 2's: logits are not just the head's output
     with pytest.raises(ValueError, match=r"final_logit_softcapping in its config"):
         ActorWorker(capped, ActorConfig(head_chunk_tokens=8), temperature=1.0, samples_per_prompt=1)
-    with pytest.raises(ConfigError, match=r"actor.head_chunk_tokens must be >= 0 .* got -1"):
+    with pytest.raises(ConfigError, match=r"'actor.head_chunk_tokens' .* must be >= 0 .* got -1"):
         config_from_dict({"actor": {"head_chunk_tokens": -1}})
 
 

@@ -96,12 +96,12 @@ def test_a_lora_run_resumes_where_an_uninterrupted_one_ends(tmp_path, kk_data, t
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["model.lora_rank=-1"], "model.lora_rank=-1 must be >= 0"),
+        (["model.lora_rank=-1"], "'model.lora_rank' .* must be >= 0 .0: train every weight."),
         (["model.lora_rank=8", "rollout.name=vllm"], "generates with the hf engine for now"),
         (["model.lora_rank=8", "trainer.backend=ray"], "trainer.strategy=ddp"),
         (["model.lora_rank=8", "model.target_modules=[]"], "model.target_modules is empty"),
         (["model.lora_rank=8", "model.target_modules=[all-linear,q_proj]"], "'all-linear' stands alone"),
-        (["model.lora_rank=8", "model.lora_dropout=1.5"], r"model.lora_dropout=1.5 in \[0, 1\)"),
+        (["model.lora_rank=8", "model.lora_dropout=1.5"], r"'model.lora_dropout' .* must be in \[0, 1\), got 1.5"),
     ],
 )
 def test_lora_settings_it_cannot_honour_are_refused(overrides, message):

@@ -4,12 +4,75 @@ Names follow verl where a verl user would look for them (`data.train_batch_size`
 `rollout.n` samples per prompt, `actor.ppo_mini_batch_size` counts prompts). The loader
 (`lucidrl.config.loader`) fills these dataclasses from YAML and `key=value` overrides and refuses
 unknown keys, wrong types and impossible batch arithmetic.
+
+Every number says which values it may take: `Annotated[int, Range(">= 1")]`. The loader refuses a
+value outside the range where it is read (naming the file or override it came from), `validate`
+checks a tree built in code, and `--help-config` prints the range beside the default. A number key
+without a Range fails tests/test_config_ranges.py.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+_NUMBER = r"[-+]?(?:inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?)"
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a number key may take, written as it prints: "> 0", ">= 1" (infinity included),
+    "[0, 1)", "(0, 1]", or "any" (every finite number is meaningful). `why`: what a value means or what the bound protects,
+    printed with the error."""
+
+    spec: str
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        self.bounds()  # a malformed spec is a schema bug, found at import
+
+    def bounds(self) -> tuple[float, bool, float, bool]:
+        """(low, low included, high, high included)."""
+        s = self.spec.replace(" ", "")
+        if s == "any":
+            return -math.inf, False, math.inf, False
+        if m := re.fullmatch(rf"(>=|>|<=|<)({_NUMBER})", s):
+            op, x = m.group(1), float(m.group(2))
+            if op.startswith(">"):  # unbounded above, infinity included (grad_clip=.inf: no clipping)
+                return x, op == ">=", math.inf, True
+            return -math.inf, True, x, op == "<="
+        if m := re.fullmatch(rf"([\[(])({_NUMBER}),({_NUMBER})([\])])", s):
+            return float(m.group(2)), m.group(1) == "[", float(m.group(3)), m.group(4) == "]"
+        raise ValueError(f"Range spec {self.spec!r} is not '> x', '>= x', '< x', '<= x', '[a, b)' or 'any'")
+
+    def holds(self, value: float) -> bool:
+        low, low_in, high, high_in = self.bounds()
+        if isinstance(value, float) and math.isnan(value):
+            return False
+        above = value >= low if low_in else value > low
+        below = value <= high if high_in else value < high
+        return above and below
+
+    def text(self) -> str:
+        """As the error and --help-config print it: '>= 1', 'in [0, 1)', 'any number'."""
+        if self.spec == "any":
+            return "any number"
+        return f"in {self.spec}" if self.spec[0] in "[(" else self.spec
+
+
+# the ranges most keys share
+PosInt = Annotated[int, Range(">= 1")]
+NonNegInt = Annotated[int, Range(">= 0")]
+PosFloat = Annotated[float, Range("> 0")]
+NonNegFloat = Annotated[float, Range(">= 0")]
+Fraction = Annotated[float, Range("(0, 1]")]
+Port = Annotated[int, Range("[1, 65535]", "a TCP port")]
+Seed = Annotated[int, Range("[0, 4294967295]")]
+TopP = Annotated[float, Range("(0, 1]", "1: no nucleus filtering")]
+TopK = Annotated[int, Range(">= -1", "-1 or 0: no top-k filtering")]
+Seconds = Annotated[float, Range("> 0", "seconds")]
 
 
 @dataclass
@@ -24,9 +87,9 @@ class ModelConfig:
     trust_remote_code: bool = False
     # LoRA on the actor (peft; verl's lora_rank/lora_alpha/target_modules): 0 trains every weight. The
     # reference stays the base model; checkpoints hold the adapter; the final model is merged.
-    lora_rank: int = 0
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
+    lora_rank: Annotated[int, Range(">= 0", "0: train every weight")] = 0
+    lora_alpha: PosFloat = 16.0
+    lora_dropout: Annotated[float, Range("[0, 1)")] = 0.0
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])  # module names, or all-linear
 
 
@@ -35,22 +98,22 @@ class DataConfig:
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
     prompt_key: str = "prompt"
-    max_prompt_length: int = 512  # tokens, after the chat template
-    max_response_length: int = 256  # new tokens per sample
+    max_prompt_length: PosInt = 512  # tokens, after the chat template
+    max_response_length: PosInt = 256  # new tokens per sample
     filter_overlong_prompts: bool = False  # False: an overlong prompt is an error naming file and row
-    train_batch_size: int = 8  # prompts per step (each sampled rollout.n times)
-    val_batch_size: int | None = None  # prompts per validation generate call; None: all at once
+    train_batch_size: PosInt = 8  # prompts per step (each sampled rollout.n times)
+    val_batch_size: PosInt | None = None  # prompts per validation generate call; None: all at once
     shuffle: bool = True
-    seed: int = 0
+    seed: Seed = 0
 
 
 @dataclass
 class ValKwargsConfig:
-    n: int = 1
+    n: PosInt = 1
     do_sample: bool = False  # False: greedy decoding
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    temperature: NonNegFloat = 1.0  # > 0 with do_sample=true (unused when greedy)
+    top_p: TopP = 1.0
+    top_k: TopK = -1
 
 
 @dataclass
@@ -59,19 +122,19 @@ class ServerRolloutConfig:
 
     base_url: str | None = None  # e.g. http://127.0.0.1:8000; or host + port
     host: str | None = None
-    port: int | None = None
-    timeout_s: float = 600.0  # per HTTP request (a generation batch, a weight push)
+    port: Port | None = None
+    timeout_s: Seconds = 600.0  # per HTTP request (a generation batch, a weight push)
 
 
 @dataclass
 class VLLMRolloutConfig:
     """rollout.name=vllm: a vLLM engine in each rank's process, on its GPU (extra `lucidrl[vllm]`)."""
 
-    gpu_memory_utilization: float = 0.5  # the share of the GPU vLLM may take (weights + KV cache)
+    gpu_memory_utilization: Fraction = 0.5  # the share of the GPU vLLM may take (weights + KV cache)
     # between generations free vLLM's KV cache and move its weights to CPU memory (`LLM.sleep(level=1)`),
     # so training gets the GPU; both wake up for the next weight push or generation
     enable_sleep_mode: bool = True
-    max_model_len: int | None = None  # None: data.max_prompt_length + data.max_response_length
+    max_model_len: PosInt | None = None  # None: data.max_prompt_length + data.max_response_length
     enforce_eager: bool = False  # True: no CUDA graphs (less memory, slower decode)
 
 
@@ -81,14 +144,14 @@ class RolloutConfig:
     # engine, weights updated in memory after each step; server: an HTTP server (`lucidrl serve
     # --accept-weights`) that receives the weights after each step
     name: Literal["hf", "vllm", "server"] = "hf"
-    n: int = 4  # samples per prompt
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1: no top-k filtering
+    n: PosInt = 4  # samples per prompt
+    temperature: Annotated[float, Range("> 0", "the logits are divided by it")] = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = -1  # -1: no top-k filtering
     # samples per decoding call (hf engine): on 2 cores 64 prompts x 8 decode at 2.1k tokens/s in calls
     # of 64 and 4.3k in one call of 512 (the prompts' cache is held once, not per sample); lower it if
     # generation runs out of memory
-    micro_batch_size: int = 512
+    micro_batch_size: PosInt = 512
     # "lucidrl": own loop, each prompt prefilled once and attended to once for its n samples
     # (shared-prefix attention), finished rows dropped;
     # "transformers": model.generate (every copy of a prompt prefilled, finished rows kept)
@@ -104,24 +167,27 @@ class RolloutConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr: NonNegFloat = 1e-6
+    weight_decay: NonNegFloat = 0.0
+    betas: list[Annotated[float, Range("[0, 1)", "Adam's")]] = field(default_factory=lambda: [0.9, 0.999])
     # linear learning-rate warm-up: step k of it at lr * k / warmup_steps. Counted in RL steps for the
     # actor and critic (the schedule advances once per update, however many mini-batches), in optimizer
     # steps for lucidrl sft
-    warmup_steps: int = 0
+    warmup_steps: Annotated[int, Range(">= 0", "0: no warm-up")] = 0
     # max global grad norm; a non-finite norm skips the actor's or critic's step and is counted
     # (actor/nonfinite_skipped, critic/nonfinite_skipped); lucidrl sft stops with an error instead
-    grad_clip: float = 1.0
+    grad_clip: Annotated[
+        float,
+        Range("> 0", "the largest gradient norm kept, .inf: no clipping; 0 zeroes every gradient, a negative limit reverses them"),
+    ] = 1.0
 
 
 @dataclass
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
-    ppo_micro_batch_size: int = 8  # samples per forward/backward (gradient accumulation)
-    log_prob_micro_batch_size: int = 16  # samples per forward when computing log-probs
+    ppo_mini_batch_size: PosInt = 8  # prompts per optimizer step (x rollout.n samples)
+    ppo_micro_batch_size: PosInt = 8  # samples per forward/backward (gradient accumulation)
+    log_prob_micro_batch_size: PosInt = 16  # samples per forward when computing log-probs
     # when the update is provably on-policy (the hf engine, float32 weights and compute, one epoch, one mini-batch
     # per step) the rollout's sampling log-probs are the old log-probs: skip the extra forward. False:
     # always recompute them
@@ -136,34 +202,35 @@ class ActorConfig:
     # bounded by the budget; the two *_micro_batch_size keys are then unused. Actor and reference
     # (the critic has its own: critic.use_dynamic_bsz)
     use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 16384  # tokens per update micro-batch (with use_dynamic_bsz)
-    log_prob_max_token_len_per_gpu: int = 32768  # tokens per log-prob micro-batch, actor and reference
+    ppo_max_token_len_per_gpu: PosInt = 16384  # tokens per update micro-batch (with use_dynamic_bsz)
+    log_prob_max_token_len_per_gpu: PosInt = 32768  # tokens per log-prob micro-batch, actor and reference
     # > 0: the LM head, log-prob and entropy run on at most this many response tokens at a time, in
     # every actor and reference forward, and the (samples, response length, vocabulary) logits are
     # never formed (chunks checkpointed for the backward). 0: the whole micro-batch at once. One rank only
-    head_chunk_tokens: int = 0
+    head_chunk_tokens: Annotated[int, Range(">= 0", "0: the LM head on the whole micro-batch at once")] = 0
     # log-prob and entropy by torch.compile'd fused kernels (verl's key; lucidrl.algos.fused_logprob):
     # 8x faster on a 150k vocabulary, nothing gained on tiny ones, seconds of compiling per process;
     # falls back to eager, with a warning, where compiling fails
     use_torch_compile: bool = False
-    ppo_epochs: int = 1
+    ppo_epochs: PosInt = 1
     policy_loss: str = "vanilla"
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages
+    clip_ratio_low: Annotated[float, Range("[0, 10)")] = 0.2
+    clip_ratio_high: Annotated[float, Range("[0, 10)")] = 0.2
+    # dual-clip bound for negative advantages
+    clip_ratio_c: Annotated[float, Range("> 1", "the dual-clip bound, usually 3")] = 3.0
     loss_agg_mode: str = "token-mean"
-    entropy_coeff: float = 0.0
+    entropy_coeff: Annotated[float, Range("any", "> 0 rewards entropy, < 0 penalises it")] = 0.0
     use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
+    kl_loss_coef: NonNegFloat = 0.001
     kl_loss_type: str = "low_var_kl"
 
 
 @dataclass
 class KLControlConfig:
     type: Literal["fixed", "adaptive"] = "fixed"
-    kl_coef: float = 0.001
-    target_kl: float = 0.1  # adaptive only
-    horizon: int = 10000  # adaptive only
+    kl_coef: NonNegFloat = 0.001
+    target_kl: PosFloat = 0.1  # adaptive only
+    horizon: PosInt = 10000  # adaptive only
 
 
 @dataclass
@@ -171,15 +238,15 @@ class FilterGroupsConfig:
     """DAPO dynamic sampling: drop prompt groups whose samples all scored the same, regenerate to refill."""
 
     enable: bool = False
-    max_num_gen_batches: int = 4  # generation rounds per step, the first included; then tied groups fill up
+    max_num_gen_batches: PosInt = 4  # generation rounds per step, the first included; then tied groups fill up
 
 
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # False: Dr.GRPO
-    gamma: float = 1.0  # discount (gae, reinforce_plus_plus)
-    lam: float = 1.0  # GAE lambda
+    gamma: Annotated[float, Range("[0, 1]")] = 1.0  # discount (gae, reinforce_plus_plus)
+    lam: Annotated[float, Range("[0, 1]")] = 1.0  # GAE lambda
     use_kl_in_reward: bool = False  # KL to the reference as a per-token reward penalty
     kl_penalty: str = "kl"  # estimator of the in-reward KL: kl/k1, abs, mse/k2, low_var_kl/k3
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
@@ -192,16 +259,16 @@ class CriticConfig:
 
     model_path: str | None = None  # defaults to model.path
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    ppo_mini_batch_size: int | None = None  # prompts; defaults to actor.ppo_mini_batch_size
-    ppo_micro_batch_size: int = 8  # samples per forward/backward
+    ppo_mini_batch_size: PosInt | None = None  # prompts; defaults to actor.ppo_mini_batch_size
+    ppo_micro_batch_size: PosInt = 8  # samples per forward/backward
     # as actor.use_dynamic_bsz: micro-batches of at most this many padded tokens, for the value
     # forward and the update (ppo_micro_batch_size is then unused)
     use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 32768
-    ppo_epochs: int = 1
-    cliprange_value: float = 0.5
+    ppo_max_token_len_per_gpu: PosInt = 32768
+    ppo_epochs: PosInt = 1
+    cliprange_value: PosFloat = 0.5
     loss_agg_mode: str = "token-mean"
-    warmup_steps: int = 0  # train only the critic for this many steps before the actor starts updating
+    warmup_steps: NonNegInt = 0  # train only the critic for this many steps before the actor starts updating
 
 
 @dataclass
@@ -221,10 +288,10 @@ class RewardModelConfig:
 
     enable: bool = False
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
-    micro_batch_size: int = 16  # sequences per forward
+    micro_batch_size: PosInt = 16  # sequences per forward
     # longer sequences lose their start, counted in reward/rm_truncated/mean; null: the reward model's
     # max_position_embeddings
-    max_length: int | None = None
+    max_length: Annotated[int, Range(">= 2")] | None = None
     # replace: the reward model's score is the reward (verl's behaviour; no rule function is called);
     # add: rule score + reward-model score
     combine: Literal["replace", "add"] = "replace"
@@ -246,8 +313,8 @@ class OverlongBufferConfig:
     """DAPO overlong reward shaping: a linear penalty over the last `len` tokens before max_response_length."""
 
     enable: bool = False
-    len: int = 0
-    penalty_factor: float = 1.0
+    len: NonNegInt = 0  # in (0, data.max_response_length) when enabled
+    penalty_factor: Annotated[float, Range(">= 0", "a penalty")] = 1.0
 
 
 @dataclass
@@ -262,15 +329,15 @@ class CollapseConfig:
 
     enable: bool = True
     action: Literal["stop", "warn"] = "stop"  # stop: end the run and report; warn: report once, go on
-    patience: int = 3
+    patience: PosInt = 3
     # mixed-score groups below this fraction of their mean over the first `baseline_steps` steps
-    min_mixed_groups_ratio: float | None = 0.25
+    min_mixed_groups_ratio: Fraction | None = 0.25
     # steps averaged for that baseline, and for the start of the score EMA below
-    baseline_steps: int = 3
-    min_entropy: float | None = None  # actor/entropy (nats/token) below this
-    max_score_drop: float | None = None  # critic/score/mean's EMA this far below its best EMA
-    score_ema: float = 0.7  # smoothing of that EMA (0: none)
-    max_kl: float | None = None  # actor/kl_loss (or the reward KL) above this
+    baseline_steps: PosInt = 3
+    min_entropy: PosFloat | None = None  # actor/entropy (nats/token) below this
+    max_score_drop: PosFloat | None = None  # critic/score/mean's EMA this far below its best EMA
+    score_ema: Annotated[float, Range("[0, 1)", "0: no smoothing")] = 0.7  # smoothing of that EMA
+    max_kl: PosFloat | None = None  # actor/kl_loss (or the reward KL) above this
     # keep an in-memory copy of the weights after each step with no sign (one copy of the actor per
     # rank, on the CPU); when the run stops on a collapse, that copy is validated and saved as final
     keep_last_healthy: bool = False
@@ -282,30 +349,30 @@ class TrainerConfig:
     experiment_name: str = "run"
     run_dir: str | None = None  # defaults to runs/<experiment_name>
     overwrite: bool = False  # replace a run directory that already holds a run
-    total_epochs: int = 1
-    total_training_steps: int | None = None  # None: total_epochs over the training set
-    test_freq: int = 0  # validate every N steps (and after the last); 0: only after the last step
+    total_epochs: PosInt = 1
+    total_training_steps: PosInt | None = None  # None: total_epochs over the training set
+    test_freq: Annotated[int, Range(">= 0", "0: only after the last step")] = 0  # validate every N steps (and after the last); 0: only after the last step
     val_before_train: bool = True  # not on a resume (verl validates again there): the start was measured
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     save_final_model: bool = True
     # checkpoints (verl's keys): full training state every N steps in RUN_DIR/checkpoints (0: none)
-    save_freq: int = 0
+    save_freq: Annotated[int, Range(">= 0", "0: no checkpoints")] = 0
     # auto: resume from RUN_DIR's latest checkpoint when it has one; disable: never; resume_path:
     # from trainer.resume_from_path (a checkpoint folder, or a run directory's latest)
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     resume_from_path: str | None = None
-    max_ckpt_to_keep: int | None = None  # delete all but the newest N checkpoints; None: keep all
-    seed: int = 0
+    max_ckpt_to_keep: PosInt | None = None  # delete all but the newest N checkpoints; None: keep all
+    seed: Seed = 0
     device: str = "cpu"  # "cpu" or "cuda"; with backend=ray each rank gets its own device
-    num_threads: int | None = None  # torch intra-op threads; None: torch's default
+    num_threads: PosInt | None = None  # torch intra-op threads; None: torch's default
     backend: Literal["local", "ray"] = "local"  # local: in this process; ray: each rank a Ray actor
     strategy: Literal["fsdp2", "ddp"] = "fsdp2"  # data-parallel training with more than one rank
     # join a Ray cluster: "HOST:PORT", or "auto" for the one `ray start` left on this host;
     # None: the cluster in RAY_ADDRESS (`ray job submit` sets it), else a Ray instance started here
     ray_address: str | None = None
-    master_port: int | None = None  # torch.distributed rendezvous port; None: a free one, found on rank 0
-    cpus_per_rank: int = 1  # CPUs Ray reserves for each rank (and its torch threads)
-    max_time_s: float | None = None  # stop after this many seconds of training (checked between steps)
+    master_port: Port | None = None  # torch.distributed rendezvous port; None: a free one, found on rank 0
+    cpus_per_rank: PosInt = 1  # CPUs Ray reserves for each rank (and its torch threads)
+    max_time_s: Seconds | None = None  # stop after this many seconds of training (checked between steps)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
 
 
@@ -313,8 +380,8 @@ class TrainerConfig:
 class PoolConfig:
     """A resource pool: `nodes` x `devices_per_node` ranks (GPUs, or CPU slots of trainer.cpus_per_rank)."""
 
-    nodes: int = 1
-    devices_per_node: int = 1
+    nodes: PosInt = 1
+    devices_per_node: PosInt = 1
 
 
 @dataclass
@@ -363,14 +430,14 @@ class SFTDataConfig:
     val_files: list[str] = field(default_factory=list)
     prompt_key: str = "prompt"
     response_key: str = "response"
-    max_length: int = 1024  # prompt + response tokens; a longer row is an error naming file and row
-    batch_size: int = 32  # rows per optimizer step
+    max_length: PosInt = 1024  # prompt + response tokens; a longer row is an error naming file and row
+    batch_size: PosInt = 32  # rows per optimizer step
     shuffle: bool = True
-    seed: int = 0
+    seed: Seed = 0
     # verl's SFT names: cut each step's rows into forward/backward pieces of at most this many padded
     # tokens (rows x longest row) instead of micro_batch_size rows; same gradient
     use_dynamic_bsz: bool = False
-    max_token_len_per_gpu: int = 8192
+    max_token_len_per_gpu: PosInt = 8192
 
 
 @dataclass
@@ -379,20 +446,21 @@ class SFTTrainerConfig:
     experiment_name: str = "sft"
     run_dir: str | None = None  # defaults to runs/<experiment_name>
     overwrite: bool = False
-    total_epochs: int = 1
-    total_training_steps: int | None = None  # None: total_epochs over the training set
-    max_time_s: float | None = None  # stop after this many seconds of training (checked between steps)
-    test_freq: int = 0  # validation loss every N steps (and after the last); 0: only after the last
+    total_epochs: PosInt = 1
+    total_training_steps: PosInt | None = None  # None: total_epochs over the training set
+    max_time_s: Seconds | None = None  # stop after this many seconds of training (checked between steps)
+    test_freq: Annotated[int, Range(">= 0", "0: only after the last step")] = 0  # validation loss every N steps (and after the last); 0: only after the last
     # checkpoints and resuming: the same keys and meaning as `lucidrl train`'s
-    save_freq: int = 0  # full training state every N steps in RUN_DIR/checkpoints (0: none)
+    # full training state every N steps in RUN_DIR/checkpoints
+    save_freq: Annotated[int, Range(">= 0", "0: no checkpoints")] = 0
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     resume_from_path: str | None = None
-    max_ckpt_to_keep: int | None = None
+    max_ckpt_to_keep: PosInt | None = None
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     save_final_model: bool = True
-    seed: int = 0
+    seed: Seed = 0
     device: str = "cpu"
-    num_threads: int | None = None
+    num_threads: PosInt | None = None
 
 
 @dataclass
@@ -400,7 +468,7 @@ class SFTConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    micro_batch_size: int = 32  # rows per forward/backward (gradient accumulation up to data.batch_size)
+    micro_batch_size: PosInt = 32  # rows per forward/backward (gradient accumulation up to data.batch_size)
     # order a step's rows by length before cutting them into micro-batches, each padded to its own
     # longest row: less compute on padding, the same gradient (data/sft_dataset.py)
     length_sorted_micro_batches: bool = True
