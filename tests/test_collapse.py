@@ -159,3 +159,64 @@ def test_max_kl_reads_the_reward_penalty_that_apply_kl_penalty_reports():
     assert (
         report is not None and "KL to the reference 1.0000 > trainer.collapse.max_kl 0.3" in report.message()
     )
+
+
+def test_the_kept_weights_are_the_last_ones_measured_healthy_not_the_next_update(tmp_path):
+    """A step measures the weights it starts from (rollouts, entropy, KL) and then updates them. The
+    trainer kept the weights each healthy step produced, so a stop restored the first weights whose own
+    rollouts showed the sign (from a review: W3 of entropy 0.05 was restored, not W2 of 0.8)."""
+    from types import SimpleNamespace
+
+    from lucidrl.trainer.ppo import PPOTrainer
+
+    entropy_of = {0: 1.0, 1: 0.9, 2: 0.8, 3: 0.05, 4: 0.04, 5: 0.03, 6: 0.02}  # of the weights after step k
+
+    class Actor:  # weights are their step number; a copy is that number
+        weights, candidate, kept = 0, None, None
+
+        def snapshot_actor(self):
+            self.candidate = self.weights
+
+        def keep_snapshot(self):
+            self.kept = self.candidate
+
+        def restore_actor(self):
+            self.weights = self.kept
+
+    class Context:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    printed: list[str] = []
+    trainer = object.__new__(PPOTrainer)
+    trainer.workers, trainer.tracker = Context(), Context()
+    trainer.workers.actor = actor = Actor()
+    trainer.tracker.console = SimpleNamespace(print=lambda text, **_: printed.append(text))
+    trainer.tracker.log = lambda metrics, step: None
+    collapse = CollapseConfig(min_mixed_groups_ratio=None, min_entropy=0.1, patience=2, keep_last_healthy=True)
+    trainer.cfg = SimpleNamespace(
+        trainer=SimpleNamespace(
+            val_before_train=False, collapse=collapse, max_time_s=None, test_freq=0, save_freq=0,
+            save_final_model=False,
+        )
+    )
+    trainer.monitor = CollapseMonitor(collapse)
+    trainer.global_step, trainer.total_steps, trainer.healthy_step, trainer.collapse = 0, 10, 0, None
+    trainer.resumed_from, trainer.run_dir = None, tmp_path
+    trainer.validate = lambda: {}
+    measured = []
+
+    def step():
+        measured.append(actor.weights)
+        metrics = {"actor/entropy": entropy_of[actor.weights]}
+        actor.weights += 1  # the update
+        return metrics
+
+    trainer.step = step
+    trainer.fit()
+    assert measured == [0, 1, 2, 3, 4]  # the sign first shows at step 4 (weights 3), holds at step 5
+    assert trainer.collapse.step == 5 and actor.weights == 2 and trainer.healthy_step == 2
+    assert any("restored the weights after step 2, the last whose rollouts showed no sign" in p for p in printed)

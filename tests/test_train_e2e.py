@@ -126,7 +126,7 @@ def test_collapse_stops_the_run_and_restores_the_last_healthy_weights(tmp_path, 
     report = (run / "COLLAPSE.txt").read_text()
     assert "at step 2 (signs since step 1)" in report and "min_entropy 1000" in report
     out = capsys.readouterr().out
-    assert "policy collapse detected" in out and "restored the weights after step 0" in out
+    assert "policy collapse detected" in out and "restored the starting weights (step 0)" in out
     start, final = _weights(Path(tiny_model["path"])), _weights(run / "final")
     assert start.keys() == final.keys()
     for key in start:

@@ -338,8 +338,9 @@ class CollapseConfig:
     max_score_drop: PosFloat | None = None  # critic/score/mean's EMA this far below its best EMA
     score_ema: Annotated[float, Range("[0, 1)", "0: no smoothing")] = 0.7  # smoothing of that EMA
     max_kl: PosFloat | None = None  # actor/kl_loss (or the reward KL) above this
-    # keep an in-memory copy of the weights after each step with no sign (one copy of the actor per
-    # rank, on the CPU); when the run stops on a collapse, that copy is validated and saved as final
+    # keep an in-memory copy of the last weights a step measured with no sign (a step's rollouts, entropy
+    # and KL measure the weights it starts from); up to two copies of the actor per rank (its shard, on
+    # its device). When the run stops on a collapse, that copy is validated and saved as final
     keep_last_healthy: bool = False
 
 

@@ -107,5 +107,6 @@ class CollapseMonitor:
 
     @property
     def healthy(self) -> bool:
-        """No sign this step: the weights after it are a safe snapshot to fall back on."""
+        """No sign this step. A step measures the weights it starts from (its rollouts, entropy and KL),
+        so those, not the ones its update makes, are a safe snapshot to fall back on."""
         return self.bad_since is None

@@ -120,7 +120,7 @@ class PPOTrainer:
         self.data_epoch = 0  # the epoch of the data the last prompt batch came from
         self.monitor = CollapseMonitor(cfg.trainer.collapse)
         self.collapse: CollapseReport | None = None
-        self.healthy_step = 0  # the step whose weights the last snapshot holds (keep_last_healthy)
+        self.healthy_step = 0  # the step whose weights the kept snapshot holds (keep_last_healthy)
         self.last_val: dict[str, float] = {}
         self.first_val: dict[str, float] = {}
         self.resumed_from: Path | None = None
@@ -271,11 +271,17 @@ class PPOTrainer:
             cfg = self.cfg.trainer
             if cfg.val_before_train and self.resumed_from is None:
                 self.tracker.log(self.validate(), step=0)
-            if cfg.collapse.keep_last_healthy:
-                self.workers.actor.snapshot_actor()  # the starting weights, until a healthy step replaces them
-            start = time.perf_counter()
+            keep = cfg.collapse.keep_last_healthy
+            if keep:  # the starting weights, until a step's measurements certify later ones
+                self.workers.actor.snapshot_actor()
+                self.workers.actor.keep_snapshot()
+            start, first_step = time.perf_counter(), self.global_step + 1
             while self.global_step < self.total_steps:
                 self.global_step += 1
+                if keep and self.global_step > first_step:  # the first starts from the copy just made
+                    # this step's rollouts, entropy and KL measure the weights it starts from: they are
+                    # the ones its verdict certifies (its own update's are measured by the next step)
+                    self.workers.actor.snapshot_actor()
                 metrics = self.step()
                 collapse = self.monitor.update(self.global_step, metrics)
                 out_of_time = cfg.max_time_s is not None and time.perf_counter() - start >= cfg.max_time_s
@@ -284,15 +290,20 @@ class PPOTrainer:
                     self.collapse = collapse
                     metrics["collapse/detected"] = 1.0
                     self._report_collapse(collapse)
-                elif cfg.collapse.keep_last_healthy and self.monitor.healthy:
-                    self.workers.actor.snapshot_actor()
-                    self.healthy_step = self.global_step
+                elif keep and self.monitor.healthy:
+                    self.workers.actor.keep_snapshot()
+                    self.healthy_step = self.global_step - 1
                 last = self.global_step == self.total_steps or stop
-                if collapse is not None and cfg.collapse.action == "stop" and cfg.collapse.keep_last_healthy:
+                if collapse is not None and cfg.collapse.action == "stop" and keep:
                     self.workers.actor.restore_actor()
+                    which = (
+                        f"the weights after step {self.healthy_step}"
+                        if self.healthy_step
+                        else "the starting weights (step 0)"
+                    )
                     self.tracker.console.print(
-                        f"[dim]lucidrl:[/dim] restored the weights after step {self.healthy_step} "
-                        "(the last step with no sign of collapse); validation and the final model use them"
+                        f"[dim]lucidrl:[/dim] restored {which}, the last whose rollouts showed no sign of "
+                        "collapse; validation and the final model use them"
                     )
                 if (cfg.test_freq and self.global_step % cfg.test_freq == 0) or last:
                     metrics.update(self.validate())

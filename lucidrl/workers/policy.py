@@ -300,17 +300,28 @@ class PolicyWorker:
 
     @dispatch(Dispatch.ALL)
     def snapshot_actor(self) -> str:
-        """Keep a copy of this rank's actor weights (its shard, on its device) to fall back on."""
+        """Copy this rank's actor weights (its shard, on its device) as the candidate snapshot: the
+        weights the next step's rollouts and log-prob passes measure. `keep_snapshot` makes it the one
+        `restore_actor` puts back, once those measurements showed no sign of collapse."""
         model = self._need("actor", self.actor).model
-        self._snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self._candidate = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return "copied"
+
+    @dispatch(Dispatch.ALL)
+    def keep_snapshot(self) -> str:
+        """The candidate snapshot becomes the one to fall back on (it stays the candidate too)."""
+        candidate = getattr(self, "_candidate", None)
+        if candidate is None:
+            raise RuntimeError(f"rank {self.rank}: keep_snapshot called before any snapshot_actor")
+        self._snapshot = candidate
         return "kept"
 
     @dispatch(Dispatch.ALL)
     def restore_actor(self) -> str:
-        """Put the last snapshot back into the actor and the rollout (the optimizer state is not restored)."""
+        """Put the kept snapshot back into the actor and the rollout (the optimizer state is not restored)."""
         snapshot = getattr(self, "_snapshot", None)
         if snapshot is None:
-            raise RuntimeError(f"rank {self.rank}: restore_actor called before any snapshot_actor")
+            raise RuntimeError(f"rank {self.rank}: restore_actor called before any keep_snapshot")
         self._need("actor", self.actor).model.load_state_dict(snapshot)
         return self.sync_rollout()
 
