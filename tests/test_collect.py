@@ -65,6 +65,11 @@ def test_cap_on_rounds_fills_with_tied_groups_and_counts_them(kk_data, tiny_mode
     batch, metrics = _collector(kk_data, tiny_model, tiny_tokenizer, rounds=1).collect({})
     assert len(batch) == 16 and metrics["dapo/gen_rounds"] == 1
     assert metrics["dapo/filled_with_tied_groups"] >= 2  # the two even-index prompts tie
+    # one round, all of it trained on: the generated figures are the batch's
+    scores = batch["token_level_scores"].sum(-1)
+    assert metrics["dapo/generated/score/mean"] == scores.mean().item()
+    mixed = sum(len(set(row.tolist())) > 1 for row in scores.view(4, 4)) / 4
+    assert metrics["dapo/generated/groups_with_mixed_scores"] == mixed
 
 
 def test_rounds_with_different_reward_extras_concatenate_and_surplus_groups_are_counted(
@@ -75,6 +80,8 @@ def test_rounds_with_different_reward_extras_concatenate_and_surplus_groups_are_
     assert len(batch) == 16 and metrics["dapo/gen_rounds"] == 2  # before: BatchError on the fields
     kept = 4 * metrics["dapo/gen_rounds"] - metrics["dapo/groups_dropped_all_same"]
     assert kept > 4 and metrics["dapo/groups_surplus_unused"] == kept - 4
+    # the policy's own figures, before the filter: every generated group and sample counts
+    assert metrics["dapo/generated/groups_with_mixed_scores"] == kept / 8
     late = batch["reward_extra:late"].view(4, 4)[:, 0].tolist()
     assert late[0] != late[0] and late[1:] == [1.0, 1.0, 1.0]  # NaN for the first round's group
 

@@ -45,7 +45,10 @@ class CollapseMonitor:
         entropy = m.get("actor/entropy")
         if c.min_entropy is not None and entropy is not None and entropy < c.min_entropy:
             signs.append(f"actor/entropy {entropy:.4f} < trainer.collapse.min_entropy {c.min_entropy}")
-        mixed = m.get("critic/groups_with_mixed_scores")
+        # with DAPO's filter the trained batch is mixed groups by construction (its fraction stayed
+        # near 1 while the policy's fell from 0.68 to 0.10): read what was generated, before the filter
+        mixed_key = _first_present(m, "dapo/generated/groups_with_mixed_scores", "critic/groups_with_mixed_scores")
+        mixed = m.get(mixed_key)
         if mixed is not None and c.min_mixed_groups_ratio is not None:
             if len(self.baseline_mixed) < c.baseline_steps:
                 self.baseline_mixed.append(mixed)
@@ -53,10 +56,11 @@ class CollapseMonitor:
                 base = sum(self.baseline_mixed) / len(self.baseline_mixed)
                 if base > 0 and mixed < c.min_mixed_groups_ratio * base:
                     signs.append(
-                        f"critic/groups_with_mixed_scores {mixed:.2f} < {c.min_mixed_groups_ratio} x its "
+                        f"{mixed_key} {mixed:.2f} < {c.min_mixed_groups_ratio} x its "
                         f"first-{c.baseline_steps}-step mean {base:.2f} (trainer.collapse.min_mixed_groups_ratio)"
                     )
-        score = m.get("critic/score/mean")
+        score_key = _first_present(m, "dapo/generated/score/mean", "critic/score/mean")
+        score = m.get(score_key)
         if score is not None and c.max_score_drop is not None:
             if len(self.first_scores) < c.baseline_steps:
                 # the EMA starts from the mean of the first steps: one lucky first batch (16 prompts are
@@ -69,7 +73,7 @@ class CollapseMonitor:
                 self.score_ema = a * self.score_ema + (1 - a) * score
                 if self.score_ema < self.best_score_ema - c.max_score_drop:
                     signs.append(
-                        f"critic/score/mean (EMA {self.score_ema:.3f}) fell more than "
+                        f"{score_key} (EMA {self.score_ema:.3f}) fell more than "
                         f"trainer.collapse.max_score_drop {c.max_score_drop} below its best {self.best_score_ema:.3f}"
                     )
                 self.best_score_ema = max(self.best_score_ema, self.score_ema)
@@ -110,3 +114,8 @@ class CollapseMonitor:
         """No sign this step. A step measures the weights it starts from (its rollouts, entropy and KL),
         so those, not the ones its update makes, are a safe snapshot to fall back on."""
         return self.bad_since is None
+
+
+def _first_present(metrics: dict[str, float], *keys: str) -> str:
+    """The first of `keys` the step logged (the last when none is)."""
+    return next((k for k in keys if metrics.get(k) is not None), keys[-1])

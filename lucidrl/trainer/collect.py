@@ -120,7 +120,13 @@ class BatchCollector:
         parts = fill_missing_extras([b for b in kept + tied if len(b)])
         pool = Batch.concat(align_widths(parts, self.pad_token_id))
         out = pool.slice(0, wanted * n)  # kept groups come first; each group is n consecutive samples
+        generated = torch.cat([b["token_level_scores"].sum(-1) for b in kept + tied])
         metrics = {
+            # what the policy produced, before the filter: the batch trained on holds mixed groups by
+            # construction, so its critic/groups_with_mixed_scores and critic/score say little of the
+            # policy; the collapse monitor reads these instead
+            "dapo/generated/groups_with_mixed_scores": n_kept / (n_kept + dropped),
+            "dapo/generated/score/mean": generated.mean().item(),
             "dapo/gen_rounds": float(rounds),
             "dapo/groups_dropped_all_same": float(dropped),
             "dapo/filled_with_tied_groups": float(filled),
