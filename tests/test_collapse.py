@@ -115,7 +115,10 @@ def test_reports_once():
     ("override", "message"),
     [
         ({"patience": 0}, "'trainer.collapse.patience' .* must be >= 1"),
-        ({"min_mixed_groups_ratio": 1.5}, r"'trainer.collapse.min_mixed_groups_ratio' .* must be in \(0, 1\]"),
+        (
+            {"min_mixed_groups_ratio": 1.5},
+            r"'trainer.collapse.min_mixed_groups_ratio' .* must be in \(0, 1\]",
+        ),
         ({"min_entropy": -1.0}, "'trainer.collapse.min_entropy' .* must be > 0, got -1.0"),
         ({"min_mixed_groups_ratio": None}, "every sign is off"),
     ],
@@ -196,10 +199,16 @@ def test_the_kept_weights_are_the_last_ones_measured_healthy_not_the_next_update
     trainer.workers.actor = actor = Actor()
     trainer.tracker.console = SimpleNamespace(print=lambda text, **_: printed.append(text))
     trainer.tracker.log = lambda metrics, step: None
-    collapse = CollapseConfig(min_mixed_groups_ratio=None, min_entropy=0.1, patience=2, keep_last_healthy=True)
+    collapse = CollapseConfig(
+        min_mixed_groups_ratio=None, min_entropy=0.1, patience=2, keep_last_healthy=True
+    )
     trainer.cfg = SimpleNamespace(
         trainer=SimpleNamespace(
-            val_before_train=False, collapse=collapse, max_time_s=None, test_freq=0, save_freq=0,
+            val_before_train=False,
+            collapse=collapse,
+            max_time_s=None,
+            test_freq=0,
+            save_freq=0,
             save_final_model=False,
         )
     )
@@ -219,14 +228,18 @@ def test_the_kept_weights_are_the_last_ones_measured_healthy_not_the_next_update
     trainer.fit()
     assert measured == [0, 1, 2, 3, 4]  # the sign first shows at step 4 (weights 3), holds at step 5
     assert trainer.collapse.step == 5 and actor.weights == 2 and trainer.healthy_step == 2
-    assert any("restored the weights after step 2, the last whose rollouts showed no sign" in p for p in printed)
+    assert any(
+        "restored the weights after step 2, the last whose rollouts showed no sign" in p for p in printed
+    )
 
 
 def test_with_dapos_filter_the_signs_read_what_was_generated_not_what_was_kept():
     """The filtered batch is mixed groups by construction: critic/groups_with_mixed_scores stayed near 1
     while the policy's own fraction fell from 0.68 to 0.10, and the default sign never fired."""
     mon = CollapseMonitor(
-        CollapseConfig(patience=2, baseline_steps=2, min_mixed_groups_ratio=0.25, max_score_drop=0.5, score_ema=0.0)
+        CollapseConfig(
+            patience=2, baseline_steps=2, min_mixed_groups_ratio=0.25, max_score_drop=0.5, score_ema=0.0
+        )
     )
     generated = [0.68, 0.66, 0.4, 0.12, 0.10]
     scores = [1.0, 1.0, 0.8, 0.2, 0.1]
@@ -241,5 +254,7 @@ def test_with_dapos_filter_the_signs_read_what_was_generated_not_what_was_kept()
     ]
     report = _feed(mon, rows)[-1]
     assert report is not None and (report.step, report.onset_step) == (5, 4)
-    assert "dapo/generated/groups_with_mixed_scores 0.10 < 0.25 x its first-2-step mean 0.67" in report.message()
+    assert (
+        "dapo/generated/groups_with_mixed_scores 0.10 < 0.25 x its first-2-step mean 0.67" in report.message()
+    )
     assert "dapo/generated/score/mean (EMA" in report.message()

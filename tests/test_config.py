@@ -230,10 +230,16 @@ def test_help_config_lists_every_key_the_unknown_key_error_points_to(capsys):
         ("actor.clip_ratio_c=.nan", "actor.clip_ratio_c' .* must be a number, got NaN"),
         ("trainer.max_time_s=.nan", "must be a number, got NaN"),
         ("algorithm.kl_ctrl.horizon=0", "'algorithm.kl_ctrl.horizon' .* must be >= 1, got 0"),
-        ("reward.overlong_buffer.penalty_factor=-1", "'reward.overlong_buffer.penalty_factor' .* must be >= 0 .a penalty."),
+        (
+            "reward.overlong_buffer.penalty_factor=-1",
+            "'reward.overlong_buffer.penalty_factor' .* must be >= 0 .a penalty.",
+        ),
         ("trainer.device=gpu", "trainer.device='gpu' must be cpu, cuda or cuda:N"),
         ("trainer.num_threads=-2", "'trainer.num_threads' .* must be >= 1, got -2"),
-        ("trainer.master_port=99999", r"'trainer.master_port' .* must be in \[1, 65535\] .a TCP port., got 99999"),
+        (
+            "trainer.master_port=99999",
+            r"'trainer.master_port' .* must be in \[1, 65535\] .a TCP port., got 99999",
+        ),
         ("rollout.server.port=-1", r"'rollout.server.port' .* must be in \[1, 65535\] .a TCP port., got -1"),
         ("trainer.experiment_name=../precious", "must be one folder name"),
         ("trainer.experiment_name=", "must be one folder name"),

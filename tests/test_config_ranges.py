@@ -138,7 +138,9 @@ def test_a_tree_changed_in_code_is_held_to_the_same_ranges():
         validate(cfg)
     cfg = LucidConfig()
     cfg.placement.pools["big"] = PoolConfig(nodes=0)
-    with pytest.raises(RangeError, match=r"'placement.pools.big.nodes' \(from the config\) must be >= 1, got 0"):
+    with pytest.raises(
+        RangeError, match=r"'placement.pools.big.nodes' \(from the config\) must be >= 1, got 0"
+    ):
         validate(cfg)
     sft = SFTConfig()
     sft.trainer.max_time_s = -1.0

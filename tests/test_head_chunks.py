@@ -70,7 +70,7 @@ def test_chunked_update_has_the_whole_batch_gradient(kk_data, tiny_model, tiny_t
                           entropy_coeff=entropy_coeff, head_chunk_tokens=chunk)  # fmt: skip
         actor = ActorWorker(copy.deepcopy(model).train(), cfg, temperature=0.8, samples_per_prompt=4)
         metrics = defaultdict(float)
-        metrics["actor/entropy"] = float(actor._micro_step(out, 1.0, metrics))
+        metrics["actor/entropy"] = float(actor._micro_step(out, 1.0, metrics)[0])
         grads = {n: p.grad.clone() for n, p in actor.model.named_parameters() if p.grad is not None}
         return grads, metrics
 

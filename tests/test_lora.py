@@ -101,7 +101,10 @@ def test_a_lora_run_resumes_where_an_uninterrupted_one_ends(tmp_path, kk_data, t
         (["model.lora_rank=8", "trainer.backend=ray"], "trainer.strategy=ddp"),
         (["model.lora_rank=8", "model.target_modules=[]"], "model.target_modules is empty"),
         (["model.lora_rank=8", "model.target_modules=[all-linear,q_proj]"], "'all-linear' stands alone"),
-        (["model.lora_rank=8", "model.lora_dropout=1.5"], r"'model.lora_dropout' .* must be in \[0, 1\), got 1.5"),
+        (
+            ["model.lora_rank=8", "model.lora_dropout=1.5"],
+            r"'model.lora_dropout' .* must be in \[0, 1\), got 1.5",
+        ),
     ],
 )
 def test_lora_settings_it_cannot_honour_are_refused(overrides, message):

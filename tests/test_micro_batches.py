@@ -264,7 +264,8 @@ def test_entropy_is_a_graph_free_metric_unless_it_is_in_the_loss(kk_data, tiny_m
                           entropy_coeff=coeff)  # fmt: skip
         actor = ActorWorker(copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4)
         metrics = defaultdict(float)
-        entropy = actor._micro_step(out, 1.0, metrics)
+        entropy, per_token = actor._micro_step(out, 1.0, metrics)
+        assert per_token is None  # token-mean: actor/entropy is the token mean already
         assert entropy > 0 and not entropy.requires_grad
         grads.append(torch.cat([p.grad.flatten() for p in actor.model.parameters() if p.grad is not None]))
     assert (grads[0] - grads[1]).abs().max() > 1e-4

@@ -67,6 +67,47 @@ def test_actor_entropy_is_the_sampling_policys_token_mean_over_the_batch(rollout
     )
 
 
+@pytest.mark.parametrize("mode", ["seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_other_loss_modes_also_log_entropy_and_kl_per_token(rollout, mode):
+    """verl's actor/entropy and actor/kl_loss are aggregated as the loss is (under seq-mean-token-sum a
+    sum per sequence); collapse detection's thresholds are per token, so the token means are logged
+    beside them (from a review: 100 tokens of 0.02 nats read 2.0, and the entropy sign never fired)."""
+    model, out = rollout
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    cfg = ActorConfig(optim=OptimConfig(lr=1e-1), ppo_mini_batch_size=4, ppo_micro_batch_size=4,
+                      loss_agg_mode=mode, use_kl_loss=True)  # fmt: skip
+    width = out["response_mask"].shape[1]  # seq-mean-token-sum-norm's constant
+    actor = ActorWorker(
+        copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4, response_length=width
+    )
+    old = actor.compute_log_prob(out)
+    mask = out["response_mask"]
+    batch = out.select(torch.arange(len(out)))
+    batch.set("old_log_probs", old["old_log_probs"])
+    # a reference a little off the policy, so that the KL varies by token
+    batch.set(
+        "ref_log_probs", (old["old_log_probs"] - 0.1 * torch.rand_like(mask, dtype=torch.float32)) * mask
+    )
+    expected = float(agg_loss(old["entropy"], mask, "token-mean"))
+    m = actor.update(batch)  # on-policy: the entropy from the update's own forwards
+    assert m["actor/entropy_token_mean"] == pytest.approx(expected, rel=1e-5)
+    assert m["actor/entropy"] != pytest.approx(expected, rel=1e-2)  # the loss's aggregate: another unit
+    assert 0 < m["actor/kl_loss_token_mean"] < 0.1 and m["actor/kl_loss"] != pytest.approx(
+        m["actor/kl_loss_token_mean"], rel=1e-2
+    )
+    batch.update(old)  # with the old-log-prob pass's entropy
+    fresh = ActorWorker(
+        copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4, response_length=width
+    )
+    assert fresh.update(batch)["actor/entropy_token_mean"] == pytest.approx(expected, rel=1e-5)
+    token_mean = ActorWorker(
+        copy.deepcopy(model), ActorConfig(ppo_mini_batch_size=4), temperature=1.0, samples_per_prompt=4
+    )
+    assert "actor/entropy_token_mean" not in token_mean.update(batch)  # under token-mean it is actor/entropy
+
+
 def test_a_critic_step_with_a_non_finite_gradient_is_skipped_and_counted(rollout, tiny_model):
     _, out = rollout
     cfg = CriticConfig(optim=OptimConfig(lr=1e-3))

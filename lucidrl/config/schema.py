@@ -178,7 +178,10 @@ class OptimConfig:
     # (actor/nonfinite_skipped, critic/nonfinite_skipped); lucidrl sft stops with an error instead
     grad_clip: Annotated[
         float,
-        Range("> 0", "the largest gradient norm kept, .inf: no clipping; 0 zeroes every gradient, a negative limit reverses them"),
+        Range(
+            "> 0",
+            "the largest gradient norm kept, .inf: no clipping; 0 zeroes every gradient, a negative limit reverses them",
+        ),
     ] = 1.0
 
 
@@ -238,7 +241,8 @@ class FilterGroupsConfig:
     """DAPO dynamic sampling: drop prompt groups whose samples all scored the same, regenerate to refill."""
 
     enable: bool = False
-    max_num_gen_batches: PosInt = 4  # generation rounds per step, the first included; then tied groups fill up
+    # generation rounds per step, the first included; then tied groups fill up
+    max_num_gen_batches: PosInt = 4
 
 
 @dataclass
@@ -334,10 +338,13 @@ class CollapseConfig:
     min_mixed_groups_ratio: Fraction | None = 0.25
     # steps averaged for that baseline, and for the start of the score EMA below
     baseline_steps: PosInt = 3
-    min_entropy: PosFloat | None = None  # actor/entropy (nats/token) below this
+    # actor/entropy below this, in nats per token (actor/entropy_token_mean where loss_agg_mode is not
+    # token-mean: actor/entropy is then aggregated as the loss is)
+    min_entropy: PosFloat | None = None
     max_score_drop: PosFloat | None = None  # critic/score/mean's EMA this far below its best EMA
     score_ema: Annotated[float, Range("[0, 1)", "0: no smoothing")] = 0.7  # smoothing of that EMA
-    max_kl: PosFloat | None = None  # actor/kl_loss (or the reward KL) above this
+    # KL per token above this: actor/kl_loss (actor/kl_loss_token_mean as above), or the reward KL
+    max_kl: PosFloat | None = None
     # keep an in-memory copy of the last weights a step measured with no sign (a step's rollouts, entropy
     # and KL measure the weights it starts from); up to two copies of the actor per rank (its shard, on
     # its device). When the run stops on a collapse, that copy is validated and saved as final
@@ -352,7 +359,8 @@ class TrainerConfig:
     overwrite: bool = False  # replace a run directory that already holds a run
     total_epochs: PosInt = 1
     total_training_steps: PosInt | None = None  # None: total_epochs over the training set
-    test_freq: Annotated[int, Range(">= 0", "0: only after the last step")] = 0  # validate every N steps (and after the last); 0: only after the last step
+    # validate every N steps (and after the last)
+    test_freq: Annotated[int, Range(">= 0", "0: only after the last step")] = 0
     val_before_train: bool = True  # not on a resume (verl validates again there): the start was measured
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     save_final_model: bool = True
@@ -450,7 +458,8 @@ class SFTTrainerConfig:
     total_epochs: PosInt = 1
     total_training_steps: PosInt | None = None  # None: total_epochs over the training set
     max_time_s: Seconds | None = None  # stop after this many seconds of training (checked between steps)
-    test_freq: Annotated[int, Range(">= 0", "0: only after the last step")] = 0  # validation loss every N steps (and after the last); 0: only after the last
+    # validation loss every N steps (and after the last)
+    test_freq: Annotated[int, Range(">= 0", "0: only after the last step")] = 0
     # checkpoints and resuming: the same keys and meaning as `lucidrl train`'s
     # full training state every N steps in RUN_DIR/checkpoints
     save_freq: Annotated[int, Range(">= 0", "0: no checkpoints")] = 0

@@ -42,12 +42,17 @@ class CollapseMonitor:
 
     def _signs(self, m: dict[str, float]) -> list[str]:
         c, signs = self.cfg, []
-        entropy = m.get("actor/entropy")
+        # per token: actor/entropy is aggregated as the loss is (a sum per sequence under
+        # seq-mean-token-sum), so under other modes than token-mean the actor logs a token mean too
+        entropy_key = _first_present(m, "actor/entropy_token_mean", "actor/entropy")
+        entropy = m.get(entropy_key)
         if c.min_entropy is not None and entropy is not None and entropy < c.min_entropy:
-            signs.append(f"actor/entropy {entropy:.4f} < trainer.collapse.min_entropy {c.min_entropy}")
+            signs.append(f"{entropy_key} {entropy:.4f} < trainer.collapse.min_entropy {c.min_entropy}")
         # with DAPO's filter the trained batch is mixed groups by construction (its fraction stayed
         # near 1 while the policy's fell from 0.68 to 0.10): read what was generated, before the filter
-        mixed_key = _first_present(m, "dapo/generated/groups_with_mixed_scores", "critic/groups_with_mixed_scores")
+        mixed_key = _first_present(
+            m, "dapo/generated/groups_with_mixed_scores", "critic/groups_with_mixed_scores"
+        )
         mixed = m.get(mixed_key)
         if mixed is not None and c.min_mixed_groups_ratio is not None:
             if len(self.baseline_mixed) < c.baseline_steps:
@@ -79,7 +84,7 @@ class CollapseMonitor:
                 self.best_score_ema = max(self.best_score_ema, self.score_ema)
         # the KL loss's, else the reward penalty's (algos/kl.py apply_kl_penalty); until this release the
         # latter was read as actor/reward_kl, a name nothing logs, so max_kl never fired on such runs
-        kl = m.get("actor/kl_loss", m.get("actor/reward_kl_penalty"))
+        kl = m.get(_first_present(m, "actor/kl_loss_token_mean", "actor/kl_loss", "actor/reward_kl_penalty"))
         if c.max_kl is not None and kl is not None and kl > c.max_kl:
             signs.append(f"KL to the reference {kl:.4f} > trainer.collapse.max_kl {c.max_kl}")
         return signs

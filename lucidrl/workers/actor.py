@@ -191,6 +191,7 @@ class ActorWorker:
         )
         loss = pg_loss
         entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode)
+        per_token = self._per_token_metrics
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * entropy_loss
         if cfg.use_kl_loss:
@@ -198,20 +199,38 @@ class ActorWorker:
             kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
             loss = loss + cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] += weight * kl_loss.item()
+            if per_token:
+                metrics["actor/kl_loss_token_mean"] += (
+                    token_weight * agg_loss(kl.detach(), mask, "token-mean").item()
+                )
         (loss * weight).backward()
         metrics["actor/pg_loss"] += weight * pg_loss.item()
         for k, v in pg_metrics.items():  # token means whatever loss_agg_mode is
             metrics[f"actor/{k}"] += token_weight * float(v)
-        return entropy_loss.detach()
+        token_mean = agg_loss(entropy.detach(), mask, "token-mean") if per_token else None
+        return entropy_loss.detach(), token_mean
 
-    def _batch_entropy(self, batch: Batch) -> float:
+    @property
+    def _per_token_metrics(self) -> bool:
+        """Whether to log actor/entropy_token_mean and actor/kl_loss_token_mean beside verl's
+        actor/entropy and actor/kl_loss, which are aggregated as the loss is (a sum per sequence under
+        seq-mean-token-sum: 100 tokens of 0.02 nats read 2.0): collapse detection's thresholds are per
+        token. Under token-mean the two are the same number."""
+        return self.cfg.loss_agg_mode != "token-mean"
+
+    def _batch_entropy(self, batch: Batch) -> tuple[float, float | None]:
         """The rollout policy's entropy, aggregated with loss_agg_mode (verl's actor/entropy, from the
-        old-log-prob pass): this rank's part of it, which the ranks' mean makes the whole batch's."""
+        old-log-prob pass), and per token where that differs: this rank's parts, which the ranks' mean
+        makes the whole batch's."""
         entropy, mask = batch["entropy"], batch["response_mask"]
+        token_mean = None
+        if self._per_token_metrics:  # every rank alike: loss_weights may all-reduce
+            (tokens,) = loss_weights(batch, [batch], "token-mean", self.world_size)
+            token_mean = tokens * float(agg_loss(entropy, mask, "token-mean"))
         if self.norm_width is not None:
             entropy, mask = pad_response_width(self.norm_width, entropy, mask)
         (share,) = loss_weights(batch, [batch], self.cfg.loss_agg_mode, self.world_size)
-        return share * float(agg_loss(entropy, mask, self.cfg.loss_agg_mode))
+        return share * float(agg_loss(entropy, mask, self.cfg.loss_agg_mode)), token_mean
 
     def _micro_batches(self, mb: Batch) -> list[Batch]:
         """Length-sorted, padding-trimmed micro-batches (plain consecutive chunks with the option off) of
@@ -240,7 +259,7 @@ class ActorWorker:
         # entropy of the policy that sampled the batch: from the old-log-prob pass where it ran;
         # otherwise (provably on-policy: one epoch, one mini-batch) the first mini-batch's forwards
         # run before any optimizer step and see that same policy
-        entropy = self._batch_entropy(batch) if "entropy" in batch else None
+        entropy, entropy_per_token = self._batch_entropy(batch) if "entropy" in batch else (None, None)
         steps = skipped = 0
         for _ in range(cfg.ppo_epochs):
             for mb in batch.split(mini):
@@ -259,7 +278,11 @@ class ActorWorker:
                 for k, v in mb_metrics.items():
                     metrics[k].append(v)
                 if entropy is None:
-                    entropy = sum(w * float(e) for w, e in zip(weights, entropies, strict=True))
+                    entropy = sum(w * float(e) for w, (e, _) in zip(weights, entropies, strict=True))
+                    if self._per_token_metrics:
+                        entropy_per_token = sum(
+                            t * float(e) for t, (_, e) in zip(shares, entropies, strict=True)
+                        )
                 grad_norm = step_if_finite(self.model, self.optimizer, cfg.optim.grad_clip)
                 steps += 1
                 if grad_norm is None:
@@ -281,6 +304,8 @@ class ActorWorker:
         if cfg.use_kl_loss:
             out.same("actor/kl_coef", cfg.kl_loss_coef)
         out.mean("actor/entropy", entropy)
+        if entropy_per_token is not None:
+            out.mean("actor/entropy_token_mean", entropy_per_token)
         out.same("actor/lr", lr)
         out.same("actor/nonfinite_skipped", skipped)  # the ranks skip together: one all-reduced gradient
         return out
