@@ -187,6 +187,44 @@ def test_sum_norm_divides_by_the_max_response_length_however_the_batch_is_cut_or
     assert diff(whole, gradient(wide, 16, False)[0]) < 1e-6 * max(1.0, size)
 
 
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_seq_mean_gradients_do_not_depend_on_where_an_empty_response_lands(
+    kk_data, tiny_model, tiny_tokenizer, mode
+):
+    """agg_loss leaves empty responses (a server or vLLM can return none) out of a micro-batch's mean;
+    the micro-batch weights counted every row, so a micro-batch holding one weighed more than its
+    sequences and the gradient changed with the micro-batching (from two reviews: 0.11 relative)."""
+    model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
+    with torch.no_grad():
+        lp, _ = per_token_log_probs(model.eval(), out, 16, 1.0, False, True, False)
+    out.set("old_log_probs", lp * out["response_mask"])
+    torch.manual_seed(3)
+    out.set("advantages", torch.randn(len(out), 1).expand_as(out["response_mask"]) * out["response_mask"])
+    for i in (0, 5):  # two empty responses
+        for key in ("response_mask", "old_log_probs", "advantages"):
+            out.tensors[key][i] = 0
+        out.tensors["responses"][i] = tiny_tokenizer.pad_token_id
+
+    def gradient(micro, length_sorted):
+        cfg = ActorConfig(optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=micro,
+                          length_sorted_micro_batches=length_sorted, loss_agg_mode=mode,
+                          share_prompt_forward=False)  # fmt: skip
+        actor = ActorWorker(copy.deepcopy(model).train(), cfg, temperature=1.0, samples_per_prompt=4,
+                            response_length=32)  # fmt: skip
+        chunks = actor._micro_batches(out)
+        metrics = defaultdict(float)
+        for ub, w in zip(chunks, actor._loss_weights(out, chunks), strict=True):
+            actor._micro_step(ub, w, metrics)
+        return torch.cat([p.grad.flatten() for p in actor.model.parameters() if p.grad is not None]), metrics
+
+    whole, m_whole = gradient(16, False)
+    assert whole.abs().max() > 1e-3
+    for micro, length_sorted in ((2, False), (4, True), (1, False)):
+        grads, m = gradient(micro, length_sorted)
+        assert ((grads - whole).norm() / whole.norm()).item() < 1e-5, (micro, length_sorted)
+        assert m["actor/pg_loss"] == pytest.approx(m_whole["actor/pg_loss"], abs=1e-6)
+
+
 def _tokens(mb):
     return len(mb) * (mb["prompts"].shape[1] + mb["responses"].shape[1])
 

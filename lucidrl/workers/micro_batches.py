@@ -172,17 +172,26 @@ def loss_weights(mb: Batch, ubs: list[Batch], loss_agg_mode: str, world_size: in
     token-mean: its response tokens over the mini-batch's tokens on all ranks (times the rank count,
     since data-parallel gradients are averaged), so the loss is one mean over every token of the
     mini-batch whatever the micro-batching or the number of ranks. The seq-mean modes average
-    sequences: the share is the micro-batch's sample count (ranks hold equal counts).
+    sequences, and agg_loss leaves empty responses out of the mean: the share is the micro-batch's
+    non-empty sequences over the mini-batch's on all ranks (counting every row, a micro-batch holding
+    an empty response weighed more than its sequences: the loss changed with the micro-batching).
     """
-    if loss_agg_mode != "token-mean":
-        return [len(ub) / len(mb) for ub in ubs]
-    total = mb["response_mask"].sum().to(torch.float64)
+    if loss_agg_mode == "token-mean":
+
+        def count(b: Batch) -> torch.Tensor:
+            return b["response_mask"].sum()
+    else:
+
+        def count(b: Batch) -> torch.Tensor:
+            return (b["response_mask"].sum(-1) > 0).sum()
+
+    total = count(mb).to(torch.float64)
     if world_size > 1:
         import torch.distributed as dist
 
         dist.all_reduce(total)  # one scalar per mini-batch
     total = max(float(total), 1.0)
-    return [world_size * float(ub["response_mask"].sum()) / total for ub in ubs]
+    return [world_size * float(count(ub)) / total for ub in ubs]
 
 
 def token_shares(
