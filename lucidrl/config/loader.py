@@ -596,6 +596,13 @@ def _validate_lora(cfg: LucidConfig) -> None:
             f"model.target_modules={list(m.target_modules)}: 'all-linear' stands alone (peft reads it only as "
             "the whole list; beside other names it matches nothing, and only those names would be adapted)"
         )
+    if m.lora_dropout and cfg.actor.disable_dropout:
+        raise ConfigError(
+            f"model.lora_dropout={m.lora_dropout} with actor.disable_dropout=true: dropout makes the update's "
+            "forward differ from the log-prob pass it is compared with (PPO ratios off 1 before any step), so "
+            "the actor's dropout is turned off; set model.lora_dropout=0, or actor.disable_dropout=false to "
+            "train with it anyway"
+        )
     if cfg.rollout.name != "hf":
         raise ConfigError(
             f"model.lora_rank={m.lora_rank} with rollout.name={cfg.rollout.name}: the LoRA actor generates with "

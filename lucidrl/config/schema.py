@@ -215,6 +215,10 @@ class ActorConfig:
     # 8x faster on a 150k vocabulary, nothing gained on tiny ones, seconds of compiling per process;
     # falls back to eager, with a warning, where compiling fails
     use_torch_compile: bool = False
+    # dropout, LayerDrop and router jitter off in the actor and reference (TRL's PPO/RLOO trainers do the
+    # same): with them on, the update's forward differs from the log-prob pass before any step (GPT-2's
+    # dropout 0.1: ratios 0.87-1.11 at lr 0). The saved model's config keeps them
+    disable_dropout: bool = True
     ppo_epochs: PosInt = 1
     policy_loss: str = "vanilla"
     clip_ratio_low: Annotated[float, Range("[0, 10)")] = 0.2
@@ -269,6 +273,7 @@ class CriticConfig:
     # forward and the update (ppo_micro_batch_size is then unused)
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: PosInt = 32768
+    disable_dropout: bool = True  # as actor.disable_dropout, for the value model's backbone
     ppo_epochs: PosInt = 1
     cliprange_value: PosFloat = 0.5
     loss_agg_mode: str = "token-mean"

@@ -37,6 +37,8 @@ from lucidrl.controller.distributed import (
 from lucidrl.controller.rank_metrics import RankMetrics
 from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.models import check_tokenizer_matches_model, load_model, load_run_tokenizer
+from lucidrl.models.dropout import describe as describe_dropout
+from lucidrl.models.dropout import disable_dropout
 from lucidrl.models.loading import DTYPES
 from lucidrl.models.lora import ADAPTER, apply_lora, is_lora, merged
 from lucidrl.models.precision import autocast_dtype
@@ -91,6 +93,8 @@ class PolicyWorker:
         if "actor" in roles:
             model = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code)
             check_tokenizer_matches_model(model, self.tokenizer, m.path)
+            if cfg.actor.disable_dropout and (changed := disable_dropout(model)):  # the reference's too
+                log.info("%s", describe_dropout(changed, "actor.disable_dropout"))
             # vLLM starts before the actor and the reference are on the GPU: it asks for
             # gpu_memory_utilization of the card's memory and refuses to start when less is free
             engine = self._make_rollout(model) if cfg.rollout.name == "vllm" else None
@@ -130,6 +134,8 @@ class PolicyWorker:
                 c.model_path or m.path,
                 "critic.model_path" if c.model_path else "model.path",
             )
+            if c.disable_dropout and (changed := disable_dropout(value_model)):
+                log.info("%s", describe_dropout(changed, "critic.disable_dropout"))
             value_model = value_model.to(self.device)
             if sharded:
                 value_model = wrap_for_training(value_model, cfg.trainer.strategy, self.device, compute)
