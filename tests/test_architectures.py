@@ -242,3 +242,41 @@ def test_models_whose_layers_are_not_attention_are_named_with_the_other_loop():
     with pytest.raises(DecodeLoopUnsupported, match="set rollout.decode_loop=transformers"):
         check_decode_loop_supported(mamba)
     check_decode_loop_supported(CONFIGS["llama"][1](CONFIGS["llama"][0]))  # attention only: fine
+
+
+def _state_space_models():
+    torch.manual_seed(0)
+    yield T.MambaForCausalLM(T.MambaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=4))
+    # a hybrid whose config lists no layer types: attention and Mamba in every layer
+    falcon = T.FalconH1Config(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, mamba_d_state=4, mamba_n_heads=4, mamba_d_ssm=64, mamba_d_head=16, mamba_n_groups=1,
+        mamba_chunk_size=4,
+    )  # fmt: skip
+    yield T.FalconH1ForCausalLM(falcon)
+
+
+@pytest.mark.parametrize("model", list(_state_space_models()), ids=lambda m: type(m).__name__)
+def test_state_space_models_are_refused_by_the_shared_prompt_forward_naming_the_key(model):
+    """The actor's default log-prob pass (one prompt forward into a KV cache per group) crashed inside
+    transformers with an IndexError for Mamba and Falcon-H1; the decode loop refused them already,
+    and Falcon-H1 (no layer_types in its config) got past that check too."""
+    from lucidrl.batch import Batch
+    from lucidrl.config.schema import ActorConfig
+    from lucidrl.workers.actor import ActorWorker
+    from lucidrl.workers.decode import DecodeLoopUnsupported, check_decode_loop_supported
+    from lucidrl.workers.forward import SharedPromptUnsupported
+
+    with pytest.raises(DecodeLoopUnsupported, match="set rollout.decode_loop=transformers"):
+        check_decode_loop_supported(model)
+    with pytest.raises(SharedPromptUnsupported, match="set actor.share_prompt_forward=false"):
+        ActorWorker(model, ActorConfig(), temperature=1.0, samples_per_prompt=2)
+    actor = ActorWorker(model, ActorConfig(share_prompt_forward=False), temperature=1.0, samples_per_prompt=2)
+    ids = torch.randint(3, V, (4, 10))
+    batch = Batch(
+        tensors={"prompts": ids[:, :4], "prompt_mask": torch.ones(4, 4, dtype=torch.long), "responses": ids[:, 4:],
+                 "response_mask": torch.ones(4, 6, dtype=torch.long)},
+        non_tensors={"uid": ["a", "a", "b", "b"]},
+    )  # fmt: skip
+    out = actor.compute_log_prob(batch)
+    assert out["old_log_probs"].shape == (4, 6) and torch.isfinite(out["old_log_probs"]).all()

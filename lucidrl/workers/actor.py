@@ -13,7 +13,7 @@ from lucidrl.config.schema import ActorConfig
 from lucidrl.controller.rank_metrics import Combine, RankMetrics
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.models.precision import compute_context
-from lucidrl.workers.forward import check_chunkable_head, response_log_probs
+from lucidrl.workers.forward import check_chunkable_head, check_prompt_sharable, response_log_probs
 from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows, token_shares
 from lucidrl.workers.optim import build_optimizer, step_if_finite
 
@@ -76,6 +76,8 @@ class ReferenceWorker:
         self.compute_dtype = compute_dtype  # autocast dtype (model.compute_dtype); None: the weights'
         if head_chunk_tokens:
             check_chunkable_head(model)
+        if share_prompt:
+            check_prompt_sharable(model)
         self.share_prompt = share_prompt
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
@@ -126,6 +128,8 @@ class ActorWorker:
         self.world_size = world_size
         # one sample per prompt: nothing to share (and every micro-batch takes the same path)
         self.share_prompt = cfg.share_prompt_forward and samples_per_prompt > 1
+        if self.share_prompt:
+            check_prompt_sharable(model)
         if cfg.head_chunk_tokens:
             check_chunkable_head(model)
         self.policy_loss_fn = get_policy_loss(cfg.policy_loss)

@@ -307,16 +307,31 @@ def _can_share_prefix(model: torch.nn.Module, span: int) -> bool:
     )
 
 
+def non_attention_layers(model: torch.nn.Module) -> str | None:
+    """What in `model` is not attention, or None: layer types other than attention (Qwen3-Next's
+    linear attention), a recurrent model type, or state-space parameters (`A_log`: Mamba, Mamba-2,
+    and hybrids such as Falcon-H1, Jamba, Bamba, whose configs list no layer types). A key-value cache
+    cannot hold their state."""
+    config = getattr(model, "config", None)
+    kinds = set(getattr(config, "layer_types", None) or [])
+    other = sorted(kinds - {"full_attention", "sliding_attention", "chunked_attention"})
+    if other:
+        return ", ".join(other)
+    if getattr(config, "model_type", "") in ("mamba", "mamba2", "rwkv"):
+        return config.model_type
+    if any(name.endswith("A_log") for name, _ in model.named_parameters()):
+        return "state-space layers"
+    return None
+
+
 def check_decode_loop_supported(model: torch.nn.Module) -> None:
     """Raise DecodeLoopUnsupported naming rollout.decode_loop=transformers for models whose layers are not all
     attention (state-space and hybrid models: Mamba, Qwen3-Next): the loop's caches hold keys and
     values only, and such models crashed inside transformers with an IndexError."""
-    config = getattr(model, "config", None)
-    kinds = set(getattr(config, "layer_types", None) or [])
-    other = sorted(kinds - {"full_attention", "sliding_attention", "chunked_attention"})
-    if other or getattr(config, "model_type", "") in ("mamba", "mamba2", "rwkv"):
+    other = non_attention_layers(model)
+    if other:
         raise DecodeLoopUnsupported(
-            f"{type(model).__name__} has layers that are not attention ({', '.join(other) or config.model_type}), "
+            f"{type(model).__name__} has layers that are not attention ({other}), "
             "which lucidrl's decode loop cannot cache; set rollout.decode_loop=transformers"
         )
 

@@ -8,7 +8,8 @@ from transformers import DynamicCache
 
 from lucidrl.algos.fused_logprob import log_probs_and_entropy
 from lucidrl.batch import Batch
-from lucidrl.workers.decode import _cache_kwarg, last_logits_only
+from lucidrl.diagnostics.errors import UserError
+from lucidrl.workers.decode import _cache_kwarg, last_logits_only, non_attention_layers
 
 
 def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -126,6 +127,21 @@ def response_log_probs(
         states, batch["responses"], temperature=temperature, with_entropy=with_entropy,
         entropy_grad=entropy_grad, compiled=compiled,
     )  # fmt: skip
+
+
+class SharedPromptUnsupported(UserError, ValueError):
+    """A model whose prompt state a key-value cache cannot hold, with the shared-prompt forward on."""
+
+
+def check_prompt_sharable(model: torch.nn.Module, key: str = "actor.share_prompt_forward") -> None:
+    """The shared-prompt forward runs each prompt once into a KV cache and the responses on top of it:
+    state-space and hybrid models (Mamba, Falcon-H1) crashed inside transformers with an IndexError."""
+    other = non_attention_layers(getattr(model, "module", model))
+    if other:
+        raise SharedPromptUnsupported(
+            f"{type(model).__name__} has layers that are not attention ({other}), whose state the shared-prompt "
+            f"forward's key-value cache cannot hold; set {key}=false (each sample then runs whole)"
+        )
 
 
 # config attributes of models whose logits are more than lm_head(hidden): the chunked path would skip them
