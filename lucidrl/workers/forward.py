@@ -145,7 +145,13 @@ def check_prompt_sharable(model: torch.nn.Module, key: str = "actor.share_prompt
 
 
 # config attributes of models whose logits are more than lm_head(hidden): the chunked path would skip them
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+_LOGIT_TRANSFORMS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "logits_scaling",
+    "output_multiplier_scale",
+    "lm_head_multiplier",  # Falcon-H1
+)
 
 
 def check_chunkable_head(model: torch.nn.Module) -> None:
@@ -174,6 +180,38 @@ def check_chunkable_head(model: torch.nn.Module) -> None:
             f"({', '.join(transforms) or 'no output embeddings'} in its config), which the chunked path "
             "would skip; set actor.head_chunk_tokens=0"
         )
+    gap = _head_probe(model)
+    if gap is not None:
+        raise ValueError(
+            f"actor.head_chunk_tokens > 0: {name}'s logits are not just its LM head's output (on a probe of "
+            f"a few tokens, the model's logits and head(decoder(...)) differ by up to {gap:.3g}: a transform "
+            "in its forward, which the chunked path would skip); set actor.head_chunk_tokens=0"
+        )
+
+
+@torch.no_grad()
+def _head_probe(model: torch.nn.Module) -> float | None:
+    """None when `model`'s logits are its LM head's output on its decoder's last hidden states, else
+    the largest difference: one forward of six tokens, once per model. The config names above are the
+    known transforms; this finds the ones no list has (Falcon-H1's multiplier was missing from it:
+    0.16 nats off, silently)."""
+    cached = model.__dict__.get("_lucidrl_head_probe", "unset")
+    if cached != "unset":
+        return cached
+    param = next(model.parameters())
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = (torch.arange(6, device=param.device) % vocab).unsqueeze(0)
+    was_training = model.training
+    model.eval()
+    try:
+        full = model(input_ids=ids, use_cache=False).logits.float()
+        head = model.get_output_embeddings()(_run(model, True, input_ids=ids, use_cache=False)).float()
+    finally:
+        model.train(was_training)
+    gap = (full - head).abs().max().item()
+    result = None if gap <= 1e-4 * max(1.0, full.abs().max().item()) else gap
+    model.__dict__["_lucidrl_head_probe"] = result
+    return result
 
 
 def chunked_head_log_probs(
