@@ -156,6 +156,14 @@ class PPOTrainer:
                 "float32 only on slower attention backends; set model.compute_dtype=bfloat16 for it to generate "
                 "in bf16 (the actor keeps float32 weights)"
             )
+        if cfg.model.dtype == "bfloat16":
+            trained = "actor's and critic's" if self.workers.critic is not None else "actor's"
+            lines.append(
+                f"model.dtype=bfloat16: the {trained} weights and AdamW state are bfloat16, with no float32 "
+                "master copy, so an update smaller than about 1/256 of a weight rounds away (at lr 1e-6 most "
+                "do); for bfloat16 compute over float32 master weights set model.dtype=float32 "
+                "model.compute_dtype=bfloat16"
+            )
         if self.low_precision and cfg.actor.reuse_rollout_log_probs:
             what = (
                 "bfloat16 compute over float32 weights"
