@@ -559,6 +559,10 @@ def test_explained_variance():
     # V = R / 2: Var[R / 2] / Var[R] = 1/4
     assert explained_variance(returns / 2, returns, mask) == pytest.approx(0.75)
     assert math.isnan(explained_variance(torch.zeros(1, 3), torch.ones(1, 3), torch.ones(1, 3)))
+    # one response token in the whole step: a NaN metric, not an error that loses the step's metrics
+    assert math.isnan(explained_variance(torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([[1, 0]])))
+    with pytest.raises(ValueError, match=r"whitening .* runs over all of a step's response tokens"):
+        masked_var(torch.ones(1, 2), torch.tensor([[1, 0]]))
 
 
 # -------------------------------------------------------------------------------------------- DAPO

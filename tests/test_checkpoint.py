@@ -127,7 +127,7 @@ def test_a_stopped_and_resumed_run_ends_where_an_uninterrupted_one_does(
 
 def test_saving_during_the_critic_warm_up_changes_nothing_and_resumes_exactly(tmp_path, kk_data, tiny_model):
     """The actor's AdamW has no state before its first update: saving must not create one."""
-    warm = ("critic.warmup_steps=1", "trainer.total_training_steps=2")
+    warm = ("algorithm.adv_estimator=gae", "critic.warmup_steps=1", "trainer.total_training_steps=2")
     straight = _train(tmp_path, kk_data, tiny_model, "straight", *warm)
     saving = _train(tmp_path, kk_data, tiny_model, "saving", *warm, "trainer.save_freq=1")
     _train(
@@ -135,7 +135,7 @@ def test_saving_during_the_critic_warm_up_changes_nothing_and_resumes_exactly(tm
         kk_data,
         tiny_model,
         "resumed",
-        *warm[:1],
+        *warm[:2],
         "trainer.total_training_steps=1",
         "trainer.save_freq=1",
     )

@@ -1,5 +1,6 @@
 """DAPO dynamic sampling through the real collector: tied groups dropped, counted, refilled."""
 
+import pytest
 import torch
 
 from lucidrl.batch import Batch, align_widths
@@ -24,14 +25,19 @@ def late_extra(data_source, solution_str, ground_truth, extra_info):
     return {"score": score, "late": 1.0} if i >= 4 else score
 
 
-def _collector(kk_data, tiny_model, tok, rounds, reward=half_tied):
+def wrong_but_uneven(data_source, solution_str, ground_truth, extra_info):
+    # every answer wrong (acc 0), scores that differ by the text alone (as an overlong penalty makes them)
+    return {"score": -float(len(solution_str) % 3) / 10, "acc": 0.0}
+
+
+def _collector(kk_data, tiny_model, tok, rounds, reward=half_tied, metric="score"):
     cfg = config_from_dict(
         {
             "model": {"path": tiny_model["path"]},
             "data": {"train_batch_size": 4, "max_response_length": 8},
             "rollout": {"n": 4},
             "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 16},
-            "algorithm": {"filter_groups": {"enable": True, "max_num_gen_batches": rounds}},
+            "algorithm": {"filter_groups": {"enable": True, "max_num_gen_batches": rounds, "metric": metric}},
         }
     )
     samples, _ = load_prompts([kk_data["train"]], tok, max_prompt_length=2048)
@@ -84,6 +90,34 @@ def test_rounds_with_different_reward_extras_concatenate_and_surplus_groups_are_
     assert metrics["dapo/generated/groups_with_mixed_scores"] == kept / 8
     late = batch["reward_extra:late"].view(4, 4)[:, 0].tolist()
     assert late[0] != late[0] and late[1:] == [1.0, 1.0, 1.0]  # NaN for the first round's group
+
+
+def test_the_filter_metric_can_be_the_rewards_accuracy_as_in_verl_and_the_paper(
+    kk_data, tiny_model, tiny_tokenizer
+):
+    """Groups of all-wrong answers whose scores differ by a penalty alone were kept (filtering on the
+    score): with metric=acc they are tied, as DAPO's accuracy filter has them."""
+    torch.manual_seed(0)
+    _, by_score = _collector(kk_data, tiny_model, tiny_tokenizer, rounds=1, reward=wrong_but_uneven).collect(
+        {}
+    )
+    assert by_score["dapo/groups_dropped_all_same"] < 4  # the scores differ
+    torch.manual_seed(0)
+    collector = _collector(
+        kk_data, tiny_model, tiny_tokenizer, rounds=2, reward=wrong_but_uneven, metric="acc"
+    )
+    batch, by_acc = collector.collect({})
+    assert by_acc["dapo/groups_dropped_all_same"] == 8 and by_acc["dapo/filled_with_tied_groups"] == 4
+    assert by_acc["dapo/generated/groups_with_mixed_scores"] == 0.0 and len(batch) == 16
+    from lucidrl.trainer.collect import FilterMetricError
+
+    with pytest.raises(
+        FilterMetricError,
+        match=r"metric='pass': the reward function returned no 'pass' .*metrics: acc\); name one",
+    ):
+        _collector(
+            kk_data, tiny_model, tiny_tokenizer, rounds=1, reward=wrong_but_uneven, metric="pass"
+        ).collect({})
 
 
 def test_align_widths_pads_prompts_left_and_responses_right():

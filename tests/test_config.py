@@ -295,3 +295,32 @@ def test_sft_refuses_lora_keys_it_would_not_read_and_a_config_path_may_hold_an_e
     path = str(folder / "config.yaml")
     assert _split_config_args([path, "rollout.n=2"]) == (path, ["rollout.n=2"])  # was read as an override
     assert _split_config_args(["rollout.n=2"]) == (None, ["rollout.n=2"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["algorithm.filter_groups.enable=true", "algorithm.adv_estimator=remax"],
+            "a tied group still has advantages",
+        ),
+        (
+            ["algorithm.filter_groups.enable=true", "algorithm.adv_estimator=reinforce_plus_plus"],
+            "a tied group still has advantages",
+        ),
+        (["trainer.collapse.max_kl=0.5"], "which this run does not compute .* the sign could never fire"),
+        (
+            ["critic.warmup_steps=5"],
+            r"adv_estimator=grpo has no critic: the actor would not update for 5 steps",
+        ),
+    ],
+)
+def test_settings_that_would_do_nothing_or_discard_signal_are_refused(overrides, message):
+    """From a review: DAPO's filter dropped tied groups that remax and REINFORCE++ still learn from (a
+    tied group's advantage 1.0 under remax), a max_kl sign with no KL computed could never fire, and a
+    critic warm-up with no critic froze the actor while rollouts ran."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["model.path=x", *overrides])
+    load_config(None, ["model.path=x", "algorithm.filter_groups.enable=true"])  # grpo: the filter's home
+    load_config(None, ["model.path=x", "trainer.collapse.max_kl=0.5", "actor.use_kl_loss=true"])
+    load_config(None, ["model.path=x", "critic.warmup_steps=5", "algorithm.adv_estimator=gae"])

@@ -42,8 +42,10 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     n = mask.to(x.dtype).sum()
     if n == 0 or (unbiased and n == 1):
         raise ValueError(
-            f"masked_var needs at least {2 if unbiased else 1} unmasked element(s), got {int(n.item())}; "
-            "compute it over a larger batch (e.g. a bigger mini-batch)"
+            f"masked_var needs at least {2 if unbiased else 1} unmasked element(s), got {int(n.item())}: "
+            "whitening (reinforce_plus_plus, gae) runs over all of a step's response tokens, and this step's "
+            "responses hold fewer; sample more per step (data.train_batch_size x rollout.n) or longer "
+            "responses (a model that ends at once gives none)"
         )
     mean = masked_mean(x, mask)
     var = masked_mean((x - mean) ** 2, mask)

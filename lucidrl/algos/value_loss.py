@@ -59,7 +59,8 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     """How much of the returns' variance the critic explains: 1 - Var[R - V] / Var[R] over unmasked tokens.
 
     1 is a perfect critic, 0 one no better than a constant, < 0 one worse than a constant. NaN when
-    the returns have zero variance (nothing to explain). Needs >= 2 unmasked tokens.
+    the returns have zero variance (nothing to explain) or there are fewer than 2 unmasked tokens (a
+    metric: the step's other figures are still logged).
 
     Args:
         values: (bs, response_len) critic predictions V.
@@ -71,6 +72,8 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
             f"explained_variance: values {tuple(values.shape)}, returns {tuple(returns.shape)} and mask "
             f"{tuple(mask.shape)} must have the same shape"
         )
+    if mask.sum() < 2:
+        return float("nan")
     with torch.no_grad():
         values, returns = values.double(), returns.double()
         var_returns = masked_var(returns, mask).item()

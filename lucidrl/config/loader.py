@@ -676,6 +676,30 @@ def _validate_rl(cfg: LucidConfig) -> None:
         raise ConfigError(
             "algorithm.filter_groups.enable=true drops groups whose samples tie: needs rollout.n >= 2"
         )
+    if alg.filter_groups.enable and alg.adv_estimator not in GROUP_ESTIMATORS:
+        raise ConfigError(
+            f"algorithm.filter_groups.enable=true drops groups whose samples tie, which carry no signal only "
+            f"when the baseline is the group itself ({', '.join(GROUP_ESTIMATORS)}); with "
+            f"algorithm.adv_estimator={alg.adv_estimator} a tied group still has advantages (a greedy or "
+            "batch baseline, or a critic's values), and dropping it discards them; use a group estimator "
+            "such as grpo, or filter_groups.enable=false"
+        )
+    if (
+        cfg.trainer.collapse.enable
+        and cfg.trainer.collapse.max_kl is not None
+        and not (alg.use_kl_in_reward or cfg.actor.use_kl_loss)
+    ):
+        raise ConfigError(
+            f"trainer.collapse.max_kl={cfg.trainer.collapse.max_kl} watches the KL to the reference, which this "
+            "run does not compute (actor.use_kl_loss and algorithm.use_kl_in_reward are both false): the "
+            "sign could never fire; turn one on, or drop max_kl"
+        )
+    if cfg.critic.warmup_steps and alg.adv_estimator != "gae":
+        raise ConfigError(
+            f"critic.warmup_steps={cfg.critic.warmup_steps} holds the actor back while the critic learns, but "
+            f"algorithm.adv_estimator={alg.adv_estimator} has no critic: the actor would not update for "
+            f"{cfg.critic.warmup_steps} steps while rollouts ran; drop critic.warmup_steps"
+        )
     if alg.use_kl_in_reward and cfg.actor.use_kl_loss:
         raise ConfigError(
             "algorithm.use_kl_in_reward=true and actor.use_kl_loss=true both penalise KL to the reference; "

@@ -247,6 +247,11 @@ class FilterGroupsConfig:
     enable: bool = False
     # generation rounds per step, the first included; then tied groups fill up
     max_num_gen_batches: PosInt = 4
+    # the per-sample value whose ties drop a group (verl's key): score, the sequence score after overlong
+    # shaping (verl's seq_reward, also accepted); or an extra metric the reward function returns, e.g.
+    # acc (verl's default and the DAPO paper's: a group of all-wrong answers is dropped even when one ran
+    # into the overlong buffer, whose penalty alone made its scores differ)
+    metric: str = "score"
 
 
 @dataclass

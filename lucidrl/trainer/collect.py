@@ -10,6 +10,7 @@ import torch
 from lucidrl.algos import dynamic_sampling_keep_mask, overlong_reward_penalty
 from lucidrl.batch import Batch, align_widths
 from lucidrl.config import LucidConfig
+from lucidrl.diagnostics.errors import UserError
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer import setup
 from lucidrl.trainer.metrics import timer
@@ -44,6 +45,31 @@ def remax_baselines(batch: Batch, rollout, reward: RuleRewardManager, cfg: Lucid
         batch, SamplingParams(n=1, do_sample=False, max_new_tokens=cfg.data.max_response_length)
     )
     return score(greedy, reward, cfg)["token_level_scores"].sum(-1)
+
+
+class FilterMetricError(UserError, ValueError):
+    """algorithm.filter_groups.metric names a value the batch does not hold for every sample."""
+
+
+def filter_values(batch: Batch, metric: str) -> torch.Tensor:
+    """(bs,) the values whose ties drop a group under algorithm.filter_groups.metric."""
+    if metric in ("score", "seq_reward"):
+        return batch["token_level_scores"].sum(-1)
+    key = EXTRA_PREFIX + metric
+    extras = sorted(k.removeprefix(EXTRA_PREFIX) for k in batch.keys() if k.startswith(EXTRA_PREFIX))
+    if key not in batch:
+        raise FilterMetricError(
+            f"algorithm.filter_groups.metric={metric!r}: the reward function returned no {metric!r} for this "
+            f"batch (its extra metrics: {', '.join(extras) or 'none'}); name one of those, or score"
+        )
+    values = batch[key]
+    if torch.isnan(values).any():
+        raise FilterMetricError(
+            f"algorithm.filter_groups.metric={metric!r}: {int(torch.isnan(values).sum())} of {len(values)} "
+            f"samples have no {metric!r} (a data source whose reward does not return it); filter on score, "
+            "or return it for every source"
+        )
+    return values
 
 
 def fill_missing_extras(batches: list[Batch]) -> list[Batch]:
@@ -99,7 +125,8 @@ class BatchCollector:
         dropped = rounds = n_kept = 0
         while True:
             rounds += 1
-            keep, m = dynamic_sampling_keep_mask(batch["token_level_scores"].sum(-1), batch["uid"])
+            values = filter_values(batch, cfg.algorithm.filter_groups.metric)
+            keep, m = dynamic_sampling_keep_mask(values, batch["uid"])
             dropped += m["dapo/groups_dropped_all_same"]
             n_kept += m["dapo/groups_kept"]
             kept.append(batch.select(keep.nonzero().flatten()))

@@ -156,6 +156,12 @@ class PPOTrainer:
                 "float32 only on slower attention backends; set model.compute_dtype=bfloat16 for it to generate "
                 "in bf16 (the actor keeps float32 weights)"
             )
+        c = cfg.trainer.collapse
+        if c.enable and cfg.rollout.n < 2 and not (c.min_entropy or c.max_score_drop or c.max_kl):
+            lines.append(
+                "trainer.collapse watches nothing in this run: its one sign, min_mixed_groups_ratio, compares "
+                "a prompt's samples and rollout.n=1 gives one; set trainer.collapse.min_entropy or max_score_drop"
+            )
         if cfg.model.dtype == "bfloat16":
             trained = "actor's and critic's" if self.workers.critic is not None else "actor's"
             lines.append(
