@@ -297,7 +297,8 @@ def test_parse_people_range():
     assert parse_people_range("3") == (3, 3)
     assert parse_people_range("2-4") == (2, 4)
     assert parse_people_range(" 2-8 ") == (2, 8)
-    for bad in ("1", "9", "2-9", "abc", "2-3-4", "", "2..4", "-3"):
+    # '²' passed str.isdigit() and int() failed on it; '٣' (an Arabic-Indic 3) was read as 3
+    for bad in ("1", "9", "2-9", "abc", "2-3-4", "", "2..4", "-3", "²", "٣", "2-٤"):
         with pytest.raises(ValueError, match="from 2 to 8") as info:
             parse_people_range(bad)
         assert repr(bad) in str(info.value)
@@ -325,3 +326,18 @@ def test_empty_val_split_still_has_the_schema(tmp_path):
     info = write_kk_parquet(tmp_path, people=(3, 3), n_train=2, n_val=0, seed=0)
     val = pq.read_table(info["val"])
     assert val.num_rows == 0 and val.schema.equals(KK_SCHEMA)
+
+
+def test_the_cli_defaults_work_and_a_bad_out_is_one_line_before_any_generating(tmp_path, capsys):
+    """The defaults (1000 + 100 over 2-4 people) asked 368 of the 285 distinct 2-person puzzles, so the
+    README's command failed; an --out that is a file was a traceback after all the generating."""
+    from lucidrl.cli import main
+
+    assert main(["data", "kk", "--out", str(tmp_path / "kk")]) == 0
+    assert pq.read_table(tmp_path / "kk" / "train.parquet").num_rows == 600
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for out in (blocker, blocker / "below"):
+        assert main(["data", "kk", "--out", str(out), "--people", "2", "--train", "10", "--val", "2"]) == 2
+        err = capsys.readouterr().err
+        assert "--out" in err and "Traceback" not in err and str(out) in err

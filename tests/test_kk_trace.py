@@ -140,6 +140,9 @@ def test_trace_ok_tells_a_right_derivation_from_a_lucky_answer(traced_rows):
     # free-form reasoning, or a row without statements: no trace_ok at all (never part of the score)
     answer = row["response"].split("</think>", 1)[1]
     assert "trace_ok" not in score(" let me think </think>" + answer)
+    # ordinary openings that look like one name-role pair are free-form too (they counted as wrong traces)
+    for opening in ("Step N: list the statements", "Case K: suppose the first is a knight", "Let N be the"):
+        assert "trace_ok" not in score(f" {opening} </think>" + answer), opening
     assert "trace_ok" not in score(row["response"], extra_info={"index": 0})
     with pytest.raises(ValueError, match=r"extra_info.statements=.*does not describe a puzzle"):
         score(row["response"], extra_info={"statements": '[["knight", 7]]'})

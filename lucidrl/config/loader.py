@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import math
 import re
@@ -33,8 +34,9 @@ class RangeError(ConfigError):
     """A number of the right type outside its key's Range (schema.py)."""
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    """A dataclass's field annotations with their Annotated ranges kept."""
+    """A dataclass's field annotations with their Annotated ranges kept (evaluated once per class)."""
     return get_type_hints(cls, include_extras=True)
 
 

@@ -21,7 +21,10 @@ ANSWER_UNPARSEABLE = -2.0
 
 _HEADERS = ("Assistant:", "<|im_start|>assistant")
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
-_TRACE_START = re.compile(r"\w+ [KN][ :]")
+# a trace's first row header: every person's name and role, at least two (puzzles have 2 to 8 people),
+# then a colon ("Carter K Hazel K:"); one pair alone matched "Step N: ..." and "Case K: ...", and
+# free-form reasoning counted as a wrong trace
+_TRACE_START = re.compile(r"\w+ [KN] (?:\w+ [KN] )*\w+ [KN]:")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _SOLUTION_LINE = re.compile(r"^\s*\(\d+\)\s*(\w+)\s+is\s+a\s+(knight|knave)\s*\.?\s*$", re.IGNORECASE)
 _GROUND_TRUTH_FORM = (

@@ -5,8 +5,10 @@ solution and the truth-table trace, stay the same up to the names. A tiny model 
 hundred traces learns which names and roles appear in *those* sentences instead of how to read one
 (its wrong held-out traces mostly copy the wrong name or role); re-rendered copies of the same
 labelled puzzles make that shortcut fail. Structures do not change, so copies of training puzzles
-never coincide with held-out ones (generated puzzles are distinct up to names, wording and the order
-people are introduced in: logic.puzzle_key).
+never coincide with held-out ones (generated puzzles are distinct up to names, the order of and/or/iff
+arguments and the order people are introduced in: logic.puzzle_key; logically equal statements in
+other words, "it is not the case that A is a knight" for "A is a knave", count as other puzzles, and
+the 285 two-person puzzles fall into 57 classes of the same logic: README's "Data")
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -55,7 +57,8 @@ def parse_people_range(text: str) -> tuple[int, int]:
     """Parse a people range from the command line: "3" -> (3, 3), "2-4" -> (2, 4)."""
     allowed = f"a number of people from {MIN_PEOPLE} to {MAX_PEOPLE}, as 'N' or 'LO-HI' (e.g. '2-4')"
     parts = str(text).strip().split("-")
-    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+    # ASCII digits only: str.isdigit() takes '²' (then int() failed) and '٣' (read as 3)
+    if len(parts) not in (1, 2) or not all(re.fullmatch(r"[0-9]+", p.strip()) for p in parts):
         raise ValueError(f"people range {text!r} is not understood; expected {allowed}")
     lo, hi = int(parts[0]), int(parts[-1])
     if not (MIN_PEOPLE <= lo <= MAX_PEOPLE and MIN_PEOPLE <= hi <= MAX_PEOPLE):
@@ -68,8 +71,8 @@ def parse_people_range(text: str) -> tuple[int, int]:
 def write_kk_parquet(
     out_dir: str | os.PathLike[str],
     people: tuple[int, int] | list[int] = (2, 4),
-    n_train: int = 1000,
-    n_val: int = 100,
+    n_train: int = 600,
+    n_val: int = 60,
     seed: int = 0,
     trace: bool = False,
     system_prompt: bool = True,
@@ -91,13 +94,24 @@ def write_kk_parquet(
     people_values(people)  # validate before touching the file system
     if isinstance(renderings, bool) or not isinstance(renderings, int) or renderings < 1:
         raise ValueError(f"renderings={renderings!r}: must be an integer >= 1 (1: each puzzle once)")
+    out = Path(out_dir)
+    # checked before generating (found after it, this was a traceback): the folder, or its nearest parent
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(
+            f"--out {os.fspath(out_dir)!r}: {os.fspath(existing)!r} is a file; name a folder for "
+            "train.parquet and val.parquet"
+        )
     train, val = generate_dataset(people, n_train=n_train, n_val=n_val, seed=seed, trace=trace)
     if not system_prompt:
         for row in train + val:
             row["prompt"] = [m for m in row["prompt"] if m["role"] != "system"]
     if renderings > 1:
         train = rerendered_rows(train, renderings, seed, trace=trace)
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {os.fspath(out_dir)!r} cannot be created: {e.strerror or e}") from e
     paths = {}
     for split, rows in (("train", train), ("val", val)):
         path = os.path.join(os.fspath(out_dir), f"{split}.parquet")
