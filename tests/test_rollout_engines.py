@@ -57,6 +57,11 @@ def test_weights_endpoint_replaces_every_parameter_and_refuses_partial_sets(weig
     assert status == 400 and "NaN" in body["error"]["message"]
     status, body = _post(handle.url + WEIGHTS_PATH, b"not a safetensors file")
     assert status == 400 and "safetensors" in body["error"]["message"]
+    # integer weights were cast in silently (all-ones int64 became 1.0 everywhere)
+    status, body = _post(
+        handle.url + WEIGHTS_PATH, save({**new, name: torch.ones_like(new[name], dtype=torch.long)})
+    )
+    assert status == 400 and f"{name} is torch.int64, not a floating-point tensor" in body["error"]["message"]
     assert engine.weights_version == 1
     for k, v in engine.model.named_parameters():
         assert torch.equal(v, new[k]), k
@@ -365,3 +370,45 @@ def test_vllm_refuses_a_quantized_checkpoint_it_could_not_push_weights_into(
             llm_factory=lambda **kw: pytest.fail("the engine must not start"),
             sampling_params_cls=lambda **kw: types.SimpleNamespace(**kw),
         )
+
+
+def test_a_server_of_another_config_or_size_is_refused_before_any_push(
+    weight_server, tiny_model, tiny_tokenizer
+):
+    """Equal parameter shapes, another function: the push was accepted and the server sampled from a
+    policy that was not the actor's (a review: rope_theta 1e4 vs 1e6, other greedy tokens). A larger
+    actor's push met a 413 unread and was reported as a dead server (a broken pipe)."""
+    from transformers import AutoConfig
+
+    _, handle = weight_server
+    engine = ServerRollout(handle.url, tiny_tokenizer, timeout_s=30)
+    config = AutoConfig.from_pretrained(tiny_model["path"])
+    assert engine.check_accepts_weights(config) == 0  # the served model's own config: fine
+    config.rope_parameters = {**config.rope_parameters, "rope_theta": 1e6}
+    config.rms_norm_eps = 1e-2
+    with pytest.raises(
+        RolloutServerError,
+        match=r"differs from the actor's in 2 key\(s\) \(rms_norm_eps: 0.01 vs 1e-06; rope_parameters: .*Serve the "
+        r"actor's model.path",
+    ):
+        engine.check_accepts_weights(config)
+    model = load_model(tiny_model["path"])
+    bigger = {**dict(model.named_parameters()), "extra.weight": torch.zeros(6_000_000)}  # 23 MiB more
+    with pytest.raises(RolloutServerError, match=r"exceed what .* takes .* it serves a smaller model"):
+        engine.load_weights(bigger)
+
+
+def test_a_response_the_server_cut_short_without_an_eos_is_refused(weight_server, tiny_tokenizer):
+    """vLLM caps max_tokens at --max-model-len minus the prompt and stops at its own generation config's
+    eos ids; the client took such a response as one that ran out of length (a review's fake vLLM)."""
+    _, handle = weight_server
+    engine = ServerRollout(handle.url, tiny_tokenizer, timeout_s=30)
+    eos = engine.eos_ids[0]
+    body = {"choices": [{"index": 0, "token_ids": [10, 11, 12], "finish_reason": "length"}]}
+    with pytest.raises(
+        RolloutServerError, match=r"after 3 of max_tokens=6 tokens without one of the trainer's eos ids"
+    ):
+        engine._parse_choices(body, expected=1, want_logprobs=False, max_tokens=6)
+    for ids in ([10, 11, eos], [10] * 6):  # ended by eos, or ran the full length: taken
+        body = {"choices": [{"index": 0, "token_ids": ids, "finish_reason": "stop"}]}
+        assert engine._parse_choices(body, expected=1, want_logprobs=False, max_tokens=6)[0] == [ids]

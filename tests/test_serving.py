@@ -201,3 +201,43 @@ def test_a_request_body_that_never_arrives_is_a_408_not_a_thread_held_forever(se
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         reply = _read_until_closed(s)
     assert reply.startswith("HTTP/1.0 408") and "100 bytes announced" in reply and "within 1 s" in reply
+
+
+def test_greedy_with_logprobs_takes_the_argmax_even_among_exactly_tied_logits(
+    tiny_model, tiny_tokenizer, tmp_path
+):
+    """Greedy with logprobs=0 ran as top_k=1 sampling, which draws among tokens tied with the best (as
+    transformers' top-k does): a review forced a tie and got [741, 741, 740, 740, ...] where greedy
+    without log-probs gave 740 throughout. Under bf16, 0.15% of positions tie exactly."""
+    model = load_model(tiny_model["path"]).eval()
+    prompt = tiny_tokenizer("Knights and knaves")["input_ids"]
+    with torch.no_grad():
+        best = int(model(torch.tensor([prompt])).logits[0, -1].argmax())
+        twin = best + 1 if best + 1 < model.config.vocab_size else best - 1
+        model.get_output_embeddings().weight[twin] = model.get_output_embeddings().weight[best]  # tied logits
+    folder = tmp_path / "tied"
+    model.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    server, handle = make_server(str(folder), "127.0.0.1", 0)
+    handle.start()
+    try:
+        base = {
+            "model": str(folder),
+            "prompt": [prompt] * 16,
+            "max_tokens": 1,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
+        status, plain = _call(handle.url + "/v1/completions", base)
+        status2, scored = _call(handle.url + "/v1/completions", {**base, "logprobs": 0})
+    finally:
+        handle.stop()
+    assert status == status2 == 200
+    first = {c["token_ids"][0] for c in plain["choices"]}
+    assert first == {min(best, twin)}  # argmax: the first of the tied ids
+    assert {c["token_ids"][0] for c in scored["choices"]} == first  # every one of the 16, not a draw
+    expected = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].detach().float(), -1)[
+        min(best, twin)
+    ]
+    for c in scored["choices"]:
+        assert c["logprobs"]["token_logprobs"][0] == pytest.approx(float(expected), abs=1e-5)

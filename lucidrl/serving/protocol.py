@@ -43,6 +43,34 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
+# config keys that say nothing about the function a checkpoint computes (paths, versions, dtype, caching
+# and output switches, labels, padding)
+_NOT_THE_FUNCTION = {
+    "_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache", "architectures",
+    "_attn_implementation", "_attn_implementation_autoset", "attn_implementation", "output_attentions",
+    "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "pad_token_id",
+    "num_labels", "_commit_hash", "torchscript", "chunk_size_feed_forward",
+}  # fmt: skip
+
+
+def model_fingerprint(config: Any) -> dict[str, Any]:
+    """A model config as the plain JSON values that decide what it computes, for the trainer and a
+    weight-taking server to compare: two checkpoints of equal parameter shapes can still compute other
+    functions (another rope_theta or norm epsilon), and a weight push would then make the server sample
+    from a policy that is not the actor's."""
+    import json
+
+    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    kept = {k: v for k, v in raw.items() if k not in _NOT_THE_FUNCTION and not k.endswith("dropout")}
+    return json.loads(json.dumps(kept, sort_keys=True, default=str))
+
+
+def fingerprint_differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """`key: ours vs theirs` for each key the two fingerprints disagree on."""
+    keys = sorted(set(ours) | set(theirs))
+    return [f"{k}: {ours.get(k)!r} vs {theirs.get(k)!r}" for k in keys if ours.get(k) != theirs.get(k)]
+
+
 class RequestError(ValueError):
     """A request the server cannot serve; becomes an HTTP error with an OpenAI-style body."""
 

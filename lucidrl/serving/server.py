@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import json
 import logging
 import signal
@@ -36,8 +37,10 @@ from lucidrl.serving.protocol import (
     CompletionRequest,
     RequestError,
     error_body,
+    model_fingerprint,
     parse_completion_request,
 )
+from lucidrl.workers.forward import response_log_probs
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
 from lucidrl.workers.rollout_server import WEIGHTS_PATH
 
@@ -86,14 +89,14 @@ class CompletionEngine:
     def complete(self, req: CompletionRequest) -> dict[str, Any]:
         """Generate n samples per prompt; choices are ordered prompt-major (prompt i, sample j at i*n+j)."""
         do_sample = req.temperature > 0
-        # Greedy with log-probs: top_k=1 sampling picks the argmax and keeps the logits (temperature 1).
-        greedy_lp = not do_sample and req.logprobs is not None
+        # greedy with log-probs: the argmax decoded, then scored by one forward at temperature 1 (top_k=1
+        # sampling, as before, drew among exactly tied top logits: not the argmax every time)
         params = SamplingParams(
             n=req.n,
-            do_sample=do_sample or greedy_lp,
+            do_sample=do_sample,
             temperature=req.temperature if do_sample else 1.0,
             top_p=req.top_p if do_sample else 1.0,
-            top_k=req.top_k if do_sample else (1 if greedy_lp else -1),
+            top_k=req.top_k if do_sample else -1,
             max_new_tokens=req.max_tokens,
         )
         with self._lock:
@@ -118,7 +121,8 @@ class CompletionEngine:
                 # text pieces, as vLLM and OpenAI send them (not the vocabulary's byte-level pieces, which
                 # join to other text and are null for ids past the tokenizer's end)
                 pieces = [self.tokenizer.decode([t], skip_special_tokens=True) for t in ids]
-                offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
+                # a running sum (summing every prefix was quadratic: 2.4 s a choice at 8192 tokens)
+                offsets = [0, *itertools.accumulate(len(p) for p in pieces)][: len(pieces)]
                 choice["logprobs"] = {
                     "tokens": pieces,
                     "token_logprobs": logps,
@@ -148,6 +152,12 @@ class CompletionEngine:
     ) -> list[tuple[list[int], list[float] | None]]:
         """(token ids up to and including eos, their log-probs) per sample, n per prompt in order."""
         out = self.rollout.generate(self._prompt_batch(prompts), params)
+        if with_logprobs and not params.do_sample:
+            with torch.no_grad():
+                lp, _ = response_log_probs(
+                    self.model, out, temperature=1.0, with_entropy=False, share_prompt=False
+                )
+            out.set("rollout_log_probs", lp * out["response_mask"])
         lengths = out["response_mask"].sum(dim=1).tolist()
         logps = out["rollout_log_probs"].tolist() if with_logprobs else None
         rows = []
@@ -160,6 +170,9 @@ class CompletionEngine:
             "accepts": self.accept_weights,
             "version": self.weights_version,
             "parameters": sum(1 for _ in self.model.named_parameters()),
+            "max_bytes": self.max_weights_bytes(),
+            # what the served checkpoint computes, for the trainer to compare with its actor's
+            "config": model_fingerprint(self.model.config),
         }
 
     def max_weights_bytes(self) -> int:
@@ -196,8 +209,13 @@ class CompletionEngine:
             for k, v in new.items()
             if v.shape != own[k].shape
         ]
+        bad += [
+            f"{k} is {v.dtype}, not a floating-point tensor"
+            for k, v in new.items()
+            if not v.is_floating_point()
+        ]
         if bad:
-            raise RequestError(f"{len(bad)} parameter(s) have the wrong shape: {bad[:3]}", None)
+            raise RequestError(f"{len(bad)} parameter(s) have the wrong shape or dtype: {bad[:3]}", None)
         nonfinite = [k for k, v in new.items() if v.is_floating_point() and not torch.isfinite(v).all()]
         if nonfinite:
             raise RequestError(f"{len(nonfinite)} parameter(s) hold NaN or inf: {nonfinite[:3]}", None)

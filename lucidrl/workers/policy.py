@@ -201,7 +201,7 @@ class PolicyWorker:
                 timeout_s=sv.timeout_s,
                 eos_ids=eos_ids,
             )
-            engine.check_accepts_weights()
+            engine.check_accepts_weights(model.config)
             return engine
         if r.name == "vllm":
             from lucidrl.workers.rollout_vllm import VLLMRollout

@@ -75,8 +75,9 @@ class ServerRollout:
             )
         self.model_name = self._check_health(model_name)
 
-    def check_accepts_weights(self) -> int:
-        """Fail unless the server takes weight updates; returns how many it has taken so far."""
+    def check_accepts_weights(self, model_config: Any = None) -> int:
+        """Fail unless the server takes weight updates, and (given the actor's `model_config`) unless it
+        serves a model that computes the same function; returns how many updates it has taken so far."""
         status, body = self._http("GET", WEIGHTS_PATH, purpose="weight-update check")
         if status != 200 or not isinstance(body, dict) or not body.get("accepts"):
             why = (
@@ -90,6 +91,19 @@ class ServerRollout:
                 "training with rollout.name=server needs `lucidrl serve MODEL --accept-weights`; for a "
                 "frozen policy (evaluation) use the server without training, or use rollout.name=hf or vllm."
             )
+        self.max_weights_bytes = body.get("max_bytes")
+        served = body.get("config")
+        if model_config is not None and isinstance(served, dict):
+            from lucidrl.serving.protocol import fingerprint_differences, model_fingerprint
+
+            differ = fingerprint_differences(model_fingerprint(model_config), served)
+            if differ:
+                raise RolloutServerError(
+                    f"the server at {self.base_url} serves {self.model_name!r}, whose config differs from the "
+                    f"actor's in {len(differ)} key(s) ({'; '.join(differ[:5])}; actor's vs server's): with the "
+                    "actor's weights pushed in, it would sample from another function than the policy being "
+                    "trained. Serve the actor's model.path (`lucidrl serve MODEL.PATH --accept-weights`)"
+                )
         return int(body.get("version", 0))
 
     def load_weights(self, named: dict[str, torch.Tensor]) -> str:
@@ -97,6 +111,13 @@ class ServerRollout:
         from safetensors.torch import save
 
         raw = save({k: v.detach().to("cpu").contiguous() for k, v in named.items()})
+        limit = getattr(self, "max_weights_bytes", None)
+        if limit is not None and len(raw) > limit:  # the server would answer 413 unread: a broken pipe here
+            raise RolloutServerError(
+                f"the actor's weights ({len(named)} tensors, {len(raw) / 2**20:.1f} MiB) exceed what "
+                f"{self.base_url} takes ({limit / 2**20:.1f} MiB, its own model's size): it serves a smaller "
+                "model than the actor's; serve the actor's model.path"
+            )
         status, body = self._http(
             "POST", WEIGHTS_PATH, raw, purpose="weight update", content_type="application/octet-stream"
         )
@@ -143,7 +164,9 @@ class ServerRollout:
             raise RolloutServerError(
                 f"{self.base_url}/v1/completions answered HTTP {status}: {_error_message(body)}"
             )
-        ids, logps = self._parse_choices(body, expected=len(prompts) * n, want_logprobs=params.do_sample)
+        ids, logps = self._parse_choices(
+            body, expected=len(prompts) * n, want_logprobs=params.do_sample, max_tokens=params.max_new_tokens
+        )
         ids = [tokens for tokens in ids for _ in range(params.n // n)]
 
         return batch_from_token_lists(batch, params, ids, logps, self.pad_id, self.eos_ids)
@@ -214,7 +237,7 @@ class ServerRollout:
             return status, text
 
     def _parse_choices(
-        self, body: Any, *, expected: int, want_logprobs: bool
+        self, body: Any, *, expected: int, want_logprobs: bool, max_tokens: int | None = None
     ) -> tuple[list[list[int]], list[list[float]] | None]:
         where = f"{self.base_url}/v1/completions"
         choices = body.get("choices") if isinstance(body, dict) else None
@@ -230,7 +253,19 @@ class ServerRollout:
                     f"{where} returned a choice without token_ids; the server must support the "
                     "`return_token_ids` request field (lucidrl serve, or vLLM >= 0.10.2)"
                 )
-            ids.append([int(t) for t in tokens])
+            tokens = [int(t) for t in tokens]
+            ended = bool(tokens) and tokens[-1] in self.eos_ids
+            if max_tokens is not None and not ended and len(tokens) < max_tokens:
+                raise RolloutServerError(
+                    f"{where} ended choice {c.get('index')} after {len(tokens)} of max_tokens={max_tokens} tokens "
+                    f"without one of the trainer's eos ids {sorted(self.eos_ids)} (finish_reason="
+                    f"{c.get('finish_reason')!r}, last token {tokens[-1] if tokens else None}): the server "
+                    "stopped it for a reason of its own, and training would read it as unfinished. vLLM caps "
+                    "max_tokens at --max-model-len minus the prompt and stops at its generation config's eos "
+                    "ids: serve with --max-model-len >= data.max_prompt_length + data.max_response_length, and "
+                    "the actor's tokenizer and generation config"
+                )
+            ids.append(tokens)
             if want_logprobs:
                 lp = (c.get("logprobs") or {}).get("token_logprobs")
                 if not isinstance(lp, list) or len(lp) != len(tokens) or any(x is None for x in lp):
