@@ -81,12 +81,20 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
 
     from lucidrl.rewards.kk import compute_score
 
+    from lucidrl.data.dataset import _render
+
     rows = pq.read_table(demo / "data" / "unlabelled.parquet").to_pylist()
-    dataset = datasets.Dataset.from_list(
-        [{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]} for r in rows]
-    )
     model_dir = str(demo / "sft" / "final")
     tok = AutoTokenizer.from_pretrained(model_dir)
+    # the prompt as lucidrl renders it, a plain string: TRL renders chat messages with
+    # add_generation_prompt only, so the rows' pre-filled "<think>" turn was closed and a new assistant
+    # turn opened (7 tokens more, a format the SFT checkpoint never saw); its string path gives the same ids
+    dataset = datasets.Dataset.from_list(
+        [
+            {"prompt": _render(tok, r["prompt"])[0], "ground_truth": r["reward_model"]["ground_truth"]}
+            for r in rows
+        ]
+    )
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     val = str(demo / "data" / "val.parquet")
 
@@ -125,9 +133,8 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
         num_generations=N_SAMPLES,
         max_completion_length=MAX_NEW,
         learning_rate=LR,
-        lr_scheduler_type="constant_with_warmup",
-        warmup_steps=WARMUP,
         beta=KL_COEF,
+        use_bias_correction_kl=False,  # TRL's default multiplies the k3 term by the ratio; lucidrl's is plain k3
         epsilon=CLIP,
         loss_type="dapo",  # token-mean over the batch, lucidrl's default aggregation
         scale_rewards="group",
@@ -141,6 +148,10 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
         disable_tqdm=True,
         seed=0,
     )
+    # lucidrl's warm-up: step k (from 0) at lr * (k + 1) / WARMUP; transformers' constant_with_warmup
+    # runs the first step at lr 0 (one step behind all run)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / WARMUP))
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
@@ -148,6 +159,7 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
         train_dataset=dataset,
         processing_class=tok,
         callbacks=[Curve()],
+        optimizers=(optimizer, schedule),
     )
     trainer.train()
     return {"curve": curve, "threads": torch.get_num_threads()}

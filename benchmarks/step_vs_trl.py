@@ -130,9 +130,13 @@ def worker_trl(work: Path, steps: int, bf16: bool) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     prep = json.loads((work / "prep.json").read_text())
+    from lucidrl.data.dataset import _render
+
     rows = pq.read_table(prep["train"]).to_pylist()
-    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"]} for r in rows])
     tok = AutoTokenizer.from_pretrained(prep["model"])
+    # the prompt as lucidrl renders it, a plain string: from chat messages TRL closes the rows' pre-filled
+    # "<think>" turn and opens another (7 tokens more per prompt, ~3% more prefill and training tokens)
+    dataset = datasets.Dataset.from_list([{"prompt": _render(tok, r["prompt"])[0]} for r in rows])
     model = AutoModelForCausalLM.from_pretrained(prep["model"])
     gen = {"s": 0.0, "tokens": 0}
     original = model.generate
