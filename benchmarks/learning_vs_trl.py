@@ -79,9 +79,8 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from lucidrl.rewards.kk import compute_score
-
     from lucidrl.data.dataset import _render
+    from lucidrl.rewards.kk import compute_score
 
     rows = pq.read_table(demo / "data" / "unlabelled.parquet").to_pylist()
     model_dir = str(demo / "sft" / "final")
