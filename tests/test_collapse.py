@@ -258,3 +258,63 @@ def test_with_dapos_filter_the_signs_read_what_was_generated_not_what_was_kept()
         "dapo/generated/groups_with_mixed_scores 0.10 < 0.25 x its first-2-step mean 0.67" in report.message()
     )
     assert "dapo/generated/score/mean (EMA" in report.message()
+
+
+def test_a_sign_still_building_when_the_run_ends_falls_back_on_the_last_healthy_weights(tmp_path):
+    """A collapse that had not yet held `patience` steps when the time ran out was neither reported nor
+    rolled back: the flagged weights became the final model (from a review of the demo)."""
+    from types import SimpleNamespace
+
+    from lucidrl.trainer.ppo import PPOTrainer
+
+    class Actor:
+        weights, candidate, kept = 0, None, None
+
+        def snapshot_actor(self):
+            self.candidate = self.weights
+
+        def keep_snapshot(self):
+            self.kept = self.candidate
+
+        def restore_actor(self):
+            self.weights = self.kept
+
+    class Context:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    printed: list[str] = []
+    trainer = object.__new__(PPOTrainer)
+    trainer.workers, trainer.tracker = Context(), Context()
+    trainer.workers.actor = actor = Actor()
+    trainer.tracker.console = SimpleNamespace(print=lambda text, **_: printed.append(text))
+    trainer.tracker.log = lambda metrics, step: None
+    collapse = CollapseConfig(
+        min_mixed_groups_ratio=None, min_entropy=0.1, patience=3, keep_last_healthy=True
+    )
+    trainer.cfg = SimpleNamespace(
+        trainer=SimpleNamespace(
+            val_before_train=False, collapse=collapse, max_time_s=None, test_freq=0, save_freq=0,
+            save_final_model=False,
+        )
+    )  # fmt: skip
+    trainer.monitor = CollapseMonitor(collapse)
+    trainer.global_step, trainer.total_steps, trainer.healthy_step, trainer.collapse = 0, 5, 0, None
+    trainer.resumed_from, trainer.run_dir, trainer.restored_step = None, tmp_path, None
+    trainer.validate = lambda: {}
+    entropy_of = {0: 1.0, 1: 0.9, 2: 0.8, 3: 0.05, 4: 0.04}
+
+    def step():
+        metrics = {"actor/entropy": entropy_of[actor.weights]}
+        actor.weights += 1
+        return metrics
+
+    trainer.step = step
+    trainer.fit()  # the sign shows at steps 4 and 5 (weights 3 and 4): two of three, when the steps end
+    assert trainer.collapse is None and actor.weights == 2 and trainer.restored_step == 2
+    assert any(
+        "ended with a sign of collapse held since step 4" in p and "after step 2" in p for p in printed
+    )

@@ -76,8 +76,16 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
         assert any(c[0] == model_path and c[1] == [str(seed_dir / "data" / "val.parquet")] for c in calls)
     saved = json.loads((tmp_path / "demo_results.json").read_text())
     assert saved["seeds"][0]["rl"] == r.rl and saved["plan"]["labelled"] == 24
+    # the verdict is written, and one seed never meets a bar of three
+    assert saved["verdict"]["seeds"] == 1 and saved["verdict"]["met"] is False and saved["wall_s"] > 0
+    phases = ("data_and_model", "sft", "start_eval", "grpo", "grpo_eval", "baseline", "baseline_eval")
+    assert all(saved["seeds"][0]["seconds"][k] > 0 for k in phases) and r.sft_steps >= 1
+    assert r.seconds["rl_path"] == pytest.approx(sum(r.seconds[k] for k in phases[:5]))
     out = capsys.readouterr().out
     assert "GRPO beat both the start and SFT alone by >= 20 points in" in out and "of 1 seeds" in out
+    said = " ".join(out.split())  # rich wraps long lines
+    assert "issue 6's bar (>= 20 points over both the start and SFT alone, in 3 of 3 distinct seeds" in said
+    assert "NOT MET (1 distinct seed(s)" in said
     assert "on the RL prompts greedy" in out and "on RL prompts" in out
 
 
@@ -86,3 +94,35 @@ def test_demo_refuses_more_puzzles_than_exist(tmp_path, capsys):
     assert "more than the 285 distinct 2-person puzzles" in capsys.readouterr().err
     assert main(["demo", "--out", str(tmp_path), "--renderings", "0"]) == 2
     assert "--renderings must be > 0, got 0" in capsys.readouterr().err
+
+
+def _result(seed, start, rl, sft_only, rl_path_s=600.0, collapse=None):
+    from lucidrl.trainer.demo import SeedResult
+
+    return SeedResult(
+        seed=seed, start={"greedy_acc": start}, rl={"greedy_acc": rl}, sft_only={"greedy_acc": sft_only},
+        collapse=collapse, seconds={"rl_path": rl_path_s},
+    )  # fmt: skip
+
+
+def test_the_verdict_counts_whole_points_distinct_seeds_and_the_time():
+    """From a review: 0.75 - 0.55 >= 0.20 is False in floats (38 of the 81 exact 20-point pairs failed),
+    repeated seeds counted as seeds, and the 15-minute part was never checked."""
+    from lucidrl.trainer.demo import verdict
+
+    exact = [_result(s, 0.55, 0.75, 0.50) for s in (0, 1, 2)]
+    v = verdict(exact)
+    assert v["met"] and v["wins"] == 3 and [s["gain_over_both_points"] for s in v["per_seed"]] == [20] * 3
+    assert not verdict(exact[:2])["met"]  # two seeds: not the bar
+    assert not verdict([*exact[:2], _result(2, 0.55, 0.74, 0.50)])["met"]  # 19 points
+    assert not verdict([*exact[:2], _result(2, 0.55, 0.75, 0.50, rl_path_s=901.0)])["met"]  # over time
+    collapsed = verdict([*exact[:2], _result(2, 0.55, 0.75, 0.50, collapse="policy collapse ...")])
+    assert collapsed["met"] and collapsed["per_seed"][2]["collapsed"]  # counted, and said so
+
+
+def test_demo_refuses_repeated_seeds_and_too_few_unlabelled_before_any_training(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path), "--seeds", "1", "1", "1"]) == 2
+    assert "--seeds 1 1 1 repeats a seed" in capsys.readouterr().err
+    assert main(["demo", "--out", str(tmp_path), "--unlabelled", "8"]) == 2
+    assert "--unlabelled 8 is fewer than the 16 prompts of one GRPO step" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing was generated or trained

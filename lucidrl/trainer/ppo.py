@@ -121,6 +121,7 @@ class PPOTrainer:
         self.monitor = CollapseMonitor(cfg.trainer.collapse)
         self.collapse: CollapseReport | None = None
         self.healthy_step = 0  # the step whose weights the kept snapshot holds (keep_last_healthy)
+        self.restored_step: int | None = None  # set when the run ended on those weights instead of its last
         self.last_val: dict[str, float] = {}
         self.first_val: dict[str, float] = {}
         self.resumed_from: Path | None = None
@@ -308,8 +309,21 @@ class PPOTrainer:
                     self.workers.actor.keep_snapshot()
                     self.healthy_step = self.global_step - 1
                 last = self.global_step == self.total_steps or stop
+                # a sign still building up when the run ends (time or steps): not yet `patience` steps
+                # long, so not reported, but the last weights are unmeasured and the ones before showed it
+                pending = last and collapse is None and not self.monitor.healthy
+                if keep and cfg.collapse.action == "stop" and pending:
+                    self.workers.actor.restore_actor()
+                    self.restored_step = self.healthy_step
+                    self.tracker.console.print(
+                        f"[dim]lucidrl:[/dim] the run ended with a sign of collapse held since step "
+                        f"{self.monitor.bad_since} (fewer than trainer.collapse.patience steps, so not reported): "
+                        f"restored the weights after step {self.healthy_step}, the last measured healthy; "
+                        "validation and the final model use them"
+                    )
                 if collapse is not None and cfg.collapse.action == "stop" and keep:
                     self.workers.actor.restore_actor()
+                    self.restored_step = self.healthy_step
                     which = (
                         f"the weights after step {self.healthy_step}"
                         if self.healthy_step
