@@ -164,57 +164,55 @@ def test_max_kl_reads_the_reward_penalty_that_apply_kl_penalty_reports():
     )
 
 
-def test_the_kept_weights_are_the_last_ones_measured_healthy_not_the_next_update(tmp_path):
-    """A step measures the weights it starts from (rollouts, entropy, KL) and then updates them. The
-    trainer kept the weights each healthy step produced, so a stop restored the first weights whose own
-    rollouts showed the sign (from a review: W3 of entropy 0.05 was restored, not W2 of 0.8)."""
+class _Actor:
+    """Weights are their step number; a copy is that number."""
+
+    weights, candidate, kept = 0, None, None
+
+    def snapshot_actor(self):
+        self.candidate = self.weights
+
+    def keep_snapshot(self):
+        self.kept = self.candidate
+
+    def restore_actor(self):
+        self.weights = self.kept
+
+
+class _Context:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _fit_with_entropies(tmp_path, entropy_of: dict[int, float], patience: int, total_steps: int):
+    """PPOTrainer.fit over a stand-in actor whose step k measures the entropy of the weights it starts
+    from (`entropy_of[k - 1]`) and then updates them; min_entropy 0.1 and keep_last_healthy on.
+    Returns (trainer, actor, weights measured per step, console lines)."""
     from types import SimpleNamespace
 
     from lucidrl.trainer.ppo import PPOTrainer
 
-    entropy_of = {0: 1.0, 1: 0.9, 2: 0.8, 3: 0.05, 4: 0.04, 5: 0.03, 6: 0.02}  # of the weights after step k
-
-    class Actor:  # weights are their step number; a copy is that number
-        weights, candidate, kept = 0, None, None
-
-        def snapshot_actor(self):
-            self.candidate = self.weights
-
-        def keep_snapshot(self):
-            self.kept = self.candidate
-
-        def restore_actor(self):
-            self.weights = self.kept
-
-    class Context:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
     printed: list[str] = []
     trainer = object.__new__(PPOTrainer)
-    trainer.workers, trainer.tracker = Context(), Context()
-    trainer.workers.actor = actor = Actor()
+    trainer.workers, trainer.tracker = _Context(), _Context()
+    trainer.workers.actor = actor = _Actor()
     trainer.tracker.console = SimpleNamespace(print=lambda text, **_: printed.append(text))
     trainer.tracker.log = lambda metrics, step: None
     collapse = CollapseConfig(
-        min_mixed_groups_ratio=None, min_entropy=0.1, patience=2, keep_last_healthy=True
+        min_mixed_groups_ratio=None, min_entropy=0.1, patience=patience, keep_last_healthy=True
     )
     trainer.cfg = SimpleNamespace(
         trainer=SimpleNamespace(
-            val_before_train=False,
-            collapse=collapse,
-            max_time_s=None,
-            test_freq=0,
-            save_freq=0,
+            val_before_train=False, collapse=collapse, max_time_s=None, test_freq=0, save_freq=0,
             save_final_model=False,
         )
-    )
+    )  # fmt: skip
     trainer.monitor = CollapseMonitor(collapse)
-    trainer.global_step, trainer.total_steps, trainer.healthy_step, trainer.collapse = 0, 10, 0, None
-    trainer.resumed_from, trainer.run_dir = None, tmp_path
+    trainer.global_step, trainer.total_steps, trainer.healthy_step, trainer.collapse = 0, total_steps, 0, None
+    trainer.resumed_from, trainer.run_dir, trainer.restored_step = None, tmp_path, None
     trainer.validate = lambda: {}
     measured = []
 
@@ -226,6 +224,15 @@ def test_the_kept_weights_are_the_last_ones_measured_healthy_not_the_next_update
 
     trainer.step = step
     trainer.fit()
+    return trainer, actor, measured, printed
+
+
+def test_the_kept_weights_are_the_last_ones_measured_healthy_not_the_next_update(tmp_path):
+    """A step measures the weights it starts from (rollouts, entropy, KL) and then updates them. The
+    trainer kept the weights each healthy step produced, so a stop restored the first weights whose own
+    rollouts showed the sign (from a review: W3 of entropy 0.05 was restored, not W2 of 0.8)."""
+    entropy_of = {0: 1.0, 1: 0.9, 2: 0.8, 3: 0.05, 4: 0.04, 5: 0.03, 6: 0.02}  # of the weights after step k
+    trainer, actor, measured, printed = _fit_with_entropies(tmp_path, entropy_of, patience=2, total_steps=10)
     assert measured == [0, 1, 2, 3, 4]  # the sign first shows at step 4 (weights 3), holds at step 5
     assert trainer.collapse.step == 5 and actor.weights == 2 and trainer.healthy_step == 2
     assert any(
@@ -263,57 +270,9 @@ def test_with_dapos_filter_the_signs_read_what_was_generated_not_what_was_kept()
 def test_a_sign_still_building_when_the_run_ends_falls_back_on_the_last_healthy_weights(tmp_path):
     """A collapse that had not yet held `patience` steps when the time ran out was neither reported nor
     rolled back: the flagged weights became the final model (from a review of the demo)."""
-    from types import SimpleNamespace
-
-    from lucidrl.trainer.ppo import PPOTrainer
-
-    class Actor:
-        weights, candidate, kept = 0, None, None
-
-        def snapshot_actor(self):
-            self.candidate = self.weights
-
-        def keep_snapshot(self):
-            self.kept = self.candidate
-
-        def restore_actor(self):
-            self.weights = self.kept
-
-    class Context:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-    printed: list[str] = []
-    trainer = object.__new__(PPOTrainer)
-    trainer.workers, trainer.tracker = Context(), Context()
-    trainer.workers.actor = actor = Actor()
-    trainer.tracker.console = SimpleNamespace(print=lambda text, **_: printed.append(text))
-    trainer.tracker.log = lambda metrics, step: None
-    collapse = CollapseConfig(
-        min_mixed_groups_ratio=None, min_entropy=0.1, patience=3, keep_last_healthy=True
-    )
-    trainer.cfg = SimpleNamespace(
-        trainer=SimpleNamespace(
-            val_before_train=False, collapse=collapse, max_time_s=None, test_freq=0, save_freq=0,
-            save_final_model=False,
-        )
-    )  # fmt: skip
-    trainer.monitor = CollapseMonitor(collapse)
-    trainer.global_step, trainer.total_steps, trainer.healthy_step, trainer.collapse = 0, 5, 0, None
-    trainer.resumed_from, trainer.run_dir, trainer.restored_step = None, tmp_path, None
-    trainer.validate = lambda: {}
     entropy_of = {0: 1.0, 1: 0.9, 2: 0.8, 3: 0.05, 4: 0.04}
-
-    def step():
-        metrics = {"actor/entropy": entropy_of[actor.weights]}
-        actor.weights += 1
-        return metrics
-
-    trainer.step = step
-    trainer.fit()  # the sign shows at steps 4 and 5 (weights 3 and 4): two of three, when the steps end
+    # the sign shows at steps 4 and 5 (weights 3 and 4): two of three, when the steps end
+    trainer, actor, _, printed = _fit_with_entropies(tmp_path, entropy_of, patience=3, total_steps=5)
     assert trainer.collapse is None and actor.weights == 2 and trainer.restored_step == 2
     assert any(
         "ended with a sign of collapse held since step 4" in p and "after step 2" in p for p in printed

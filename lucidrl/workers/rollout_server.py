@@ -66,6 +66,7 @@ class ServerRollout:
         self.tokenizer = tokenizer
         self.timeout_s = timeout_s
         self._opener, self.proxy = _opener_for(self.base_url)
+        self.max_weights_bytes: int | None = None  # the largest push the server takes (check_accepts_weights)
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = eos_ids if eos_ids is not None else [tokenizer.eos_token_id]
         if self.pad_id is None or None in self.eos_ids:
@@ -111,7 +112,7 @@ class ServerRollout:
         from safetensors.torch import save
 
         raw = save({k: v.detach().to("cpu").contiguous() for k, v in named.items()})
-        limit = getattr(self, "max_weights_bytes", None)
+        limit = self.max_weights_bytes
         if limit is not None and len(raw) > limit:  # the server would answer 413 unread: a broken pipe here
             raise RolloutServerError(
                 f"the actor's weights ({len(named)} tensors, {len(raw) / 2**20:.1f} MiB) exceed what "
