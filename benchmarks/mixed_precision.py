@@ -6,8 +6,8 @@ pass, one GRPO update of all samples (one mini-batch), `--repeats` times; median
 Consistency columns:
 
 - rollout vs update: max and mean |rollout log-prob - the actor's own log-prob| of the same tokens
-  (what `rollout/logprob_diff_max` reports in training; ~1e-6 means the rollout's log-probs can be
-  reused as the old log-probs);
+  (what `rollout/logprob_diff_max` reports in training; the trainer never uses the rollout's
+  log-probs as the old ones, so this is a measure of rounding, not of a bias);
 - vs float32: max and mean |log-prob - the float32 model's| on the float32 variant's samples (the
   precision's error in the quantity the loss is made of).
 

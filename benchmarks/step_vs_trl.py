@@ -5,15 +5,22 @@ The same tiny Qwen2 (hidden 256, 4 layers, built locally), the same 64 Knights &
 512 completions, micro-batches of 64), no KL term, the same toy reward. Runs alternate
 (lucidrl, TRL, lucidrl, TRL, ...), each in a fresh process that reports its own peak RSS. Printed:
 median seconds per step (the first step of each run is warm-up and not counted), generation
-tokens/s, peak RSS, and the ratios. Also the decode roofline: the measured fp32 matmul rate of this
-machine divided by the model's FLOPs per generated token.
+tokens/s, peak RSS, and the ratios: like for like (lucidrl against TRL in the same precision) and
+fastest against fastest (issue 5's bar: TRL in its fastest CPU setting). Also the decode roofline: the
+measured matmul rate of this machine, in each precision, divided by the model's FLOPs per generated
+token.
 
-    .venv/bin/python benchmarks/step_vs_trl.py [--steps 3] [--repeats 2] [--trl-bf16 both|on|off]
+--precision both (the default) runs each framework in float32 and in bfloat16 compute: lucidrl-bf16 is
+`model.compute_dtype=bfloat16` (float32 weights and AdamW state, bf16 autocast in every forward), TRL's
+is `bf16=True`. bfloat16 is only fast on CPUs with AVX-512 BF16 or AMX (`grep -o amx_bf16
+/proc/cpuinfo`); elsewhere it is emulated and a bf16 run takes many times longer: use --precision fp32.
+
+    .venv/bin/python benchmarks/step_vs_trl.py [--steps 3] [--repeats 2] [--precision both|fp32|bf16]
         [--prompts 64] [--ablations]
 
 --ablations adds lucidrl runs with its speed-ups removed, cumulatively: lucidrl-base (transformers
 generate, full-sequence forwards, old log-probs recomputed), +decode (lucidrl's decode loop), +shared
-(shared-prompt forwards), +reuse (rollout log-probs reused on-policy), then lucidrl (+ length-sorted,
+(shared-prompt forwards), +reuse (on-policy: old log-probs from the update's own forward, no separate pass), then lucidrl (+ length-sorted,
 padding-trimmed micro-batches); and lucidrl-untuned:
 everything on but started without the glibc allocator settings the `lucidrl` command sets
 (lucidrl/launch.py). TRL runs as plain `python` would start it; --trl-malloc adds TRL runs with the
@@ -44,13 +51,16 @@ VARIANTS = {
     "lucidrl-base": [
         "rollout.decode_loop=transformers",
         "actor.share_prompt_forward=false",
-        "actor.reuse_rollout_log_probs=false",
+        "actor.on_policy_skip_old_log_prob=false",
         _NO_SORT,
     ],
-    "+decode": ["actor.share_prompt_forward=false", "actor.reuse_rollout_log_probs=false", _NO_SORT],
-    "+shared": ["actor.reuse_rollout_log_probs=false", _NO_SORT],
+    "+decode": ["actor.share_prompt_forward=false", "actor.on_policy_skip_old_log_prob=false", _NO_SORT],
+    "+shared": ["actor.on_policy_skip_old_log_prob=false", _NO_SORT],
     "+reuse": [_NO_SORT],
 }
+# lucidrl's mixed precision: bfloat16 compute over float32 weights (fast where the CPU has AVX-512 BF16
+# or AMX; emulated and slow where it has not, as TRL's bf16=True is)
+PRECISIONS = {"lucidrl-bf16": ["model.compute_dtype=bfloat16"]}
 LR = 1e-5
 
 
@@ -203,10 +213,10 @@ def worker_trl(work: Path, steps: int, bf16: bool) -> dict:
     return {"step_s": times, "gen_s": gens, "gen_tokens": toks}
 
 
-def matmul_gflops() -> float:
+def matmul_gflops(dtype: str = "float32") -> float:
     import torch
 
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a, b = (torch.randn(2048, 2048, dtype=getattr(torch, dtype)) for _ in range(2))
     a @ b
     start = time.perf_counter()
     for _ in range(5):
@@ -244,7 +254,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=3, help="steps per run; the first is warm-up")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--trl-bf16", choices=["both", "on", "off"], default="both")
+    p.add_argument(
+        "--precision",
+        choices=["both", "fp32", "bf16"],
+        default="both",
+        help="float32, bfloat16 compute (lucidrl-bf16, TRL's bf16=True), or both, for each framework",
+    )
     p.add_argument("--prompts", type=int, default=64, help="prompts per step (64 in the reference setting)")
     p.add_argument("--ablations", action="store_true", help="also run lucidrl with its speed-ups removed")
     p.add_argument(
@@ -260,7 +275,7 @@ def main() -> None:
     if args.worker:
         work = Path(args.work)
         if args.worker.startswith("lucidrl") or args.worker.startswith("+"):
-            out = worker_lucidrl(work, args.steps, VARIANTS.get(args.worker, []))
+            out = worker_lucidrl(work, args.steps, {**VARIANTS, **PRECISIONS}.get(args.worker, []))
         else:
             out = worker_trl(work, args.steps, bf16=args.worker.startswith("trl-bf16"))
         out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -270,10 +285,11 @@ def main() -> None:
     os.environ["BENCH_PROMPTS"] = str(args.prompts)
     global N_PROMPTS
     N_PROMPTS = args.prompts
-    trl_kinds = {"both": ["trl-fp32", "trl-bf16"], "on": ["trl-bf16"], "off": ["trl-fp32"]}[args.trl_bf16]
+    trl_kinds = {"both": ["trl-fp32", "trl-bf16"], "bf16": ["trl-bf16"], "fp32": ["trl-fp32"]}[args.precision]
     kinds = (
         (list(VARIANTS) + ["lucidrl-untuned"] if args.ablations else [])
         + ["lucidrl"]
+        + (["lucidrl-bf16"] if args.precision != "fp32" else [])
         + trl_kinds
         + ([f"{k}+malloc" for k in trl_kinds] if args.trl_malloc else [])
     )
@@ -282,6 +298,7 @@ def main() -> None:
         known = [
             *VARIANTS,
             "lucidrl",
+            *PRECISIONS,
             "lucidrl-untuned",
             "trl-fp32",
             "trl-bf16",
@@ -294,7 +311,7 @@ def main() -> None:
         work = Path(tmp)
         prep = prepare(work)
         (work / "prep.json").write_text(json.dumps(prep))
-        gflops = matmul_gflops()
+        gflops = {"fp32": matmul_gflops("float32"), "bf16": matmul_gflops("bfloat16")}
         results: dict[str, dict[str, list[float]]] = {k: {"step": [], "tps": [], "rss": []} for k in kinds}
         for rep in range(args.repeats):
             for kind in kinds:
@@ -305,36 +322,58 @@ def main() -> None:
                 results[kind]["tps"] += tps
                 results[kind]["rss"].append(r["peak_rss_mb"])
                 print(
-                    f"  {kind:9s} repeat {rep}: steps {[round(s, 2) for s in steps]}, "
+                    f"  {kind:12s} repeat {rep}: steps {[round(s, 2) for s in steps]}, "
                     f"gen {statistics.median(tps):.0f} tok/s, peak RSS {r['peak_rss_mb']:.0f} MB",
                     flush=True,
                 )
     flops_per_token = 2 * prep["params"]
-    roofline = gflops * 1e9 / flops_per_token
+    roofline = {p: g * 1e9 / flops_per_token for p, g in gflops.items()}
     print(
         f"\nGRPO step: tiny Qwen2 (hidden 256, 4 layers, {prep['params'] / 1e6:.1f}M params), {N_PROMPTS} prompts "
         f"x {N_SAMPLES} samples, <= {MAX_NEW} new tokens, one optimizer step; median of "
         f"{args.steps - 1} steps x {args.repeats} runs each"
     )
     print(
-        f"fp32 matmul here: {gflops:.0f} GFLOP/s -> decode roofline ~{roofline:.0f} tok/s "
-        f"(2 x params FLOPs per token, attention ignored)\n"
+        f"matmul here: float32 {gflops['fp32']:.0f} GFLOP/s, bfloat16 {gflops['bf16']:.0f} GFLOP/s -> decode "
+        f"roofline ~{roofline['fp32']:.0f} / ~{roofline['bf16']:.0f} tok/s (2 x params FLOPs per token, attention "
+        f"ignored; each kind against its own precision's)\n"
     )
-    base = statistics.median(results["lucidrl"]["step"])
+    med = {kind: statistics.median(r["step"]) for kind, r in results.items()}
+    base = med["lucidrl"]
     print(
-        f"{'framework':13s} {'s/step':>8s} {'steps/s vs lucidrl':>19s} {'gen tok/s':>10s} {'of roofline':>12s} "
+        f"{'framework':16s} {'s/step':>8s} {'steps/s vs lucidrl':>19s} {'gen tok/s':>10s} {'of roofline':>12s} "
         f"{'peak RSS MB':>12s}"
     )
     for kind, r in results.items():
-        med = statistics.median(r["step"])
         tps = statistics.median(r["tps"])
         print(
-            f"{kind:13s} {med:8.2f} {base / med:19.2f} {tps:10.0f} {tps / roofline:12.2f} "
-            f"{statistics.median(r['rss']):12.0f}"
+            f"{kind:16s} {med[kind]:8.2f} {base / med[kind]:19.2f} {tps:10.0f} "
+            f"{tps / roofline[precision_of(kind)]:12.2f} {statistics.median(r['rss']):12.0f}"
         )
-    for kind in [k for k in kinds if k.startswith("trl")]:
-        ratio = statistics.median(results[kind]["step"]) / base
-        print(f"lucidrl step throughput = {ratio:.2f}x {kind}")
+    for line in ratio_lines(med):
+        print(line)
+
+
+def precision_of(kind: str) -> str:
+    return "bf16" if "bf16" in kind else "fp32"
+
+
+def ratio_lines(med: dict[str, float]) -> list[str]:
+    """lucidrl's step throughput over TRL's: like for like (same precision), then fastest against fastest."""
+    ours = {k: v for k, v in med.items() if not k.startswith("trl")}
+    theirs = {k: v for k, v in med.items() if k.startswith("trl")}
+    lines = []
+    for kind, t in theirs.items():
+        same = "lucidrl-bf16" if precision_of(kind) == "bf16" and "lucidrl-bf16" in ours else "lucidrl"
+        lines.append(f"lucidrl step throughput = {t / ours[same]:.2f}x {kind} ({same} against it)")
+    if theirs:
+        best_ours = min(("lucidrl", "lucidrl-bf16"), key=lambda k: ours.get(k, float("inf")))
+        best_theirs = min(theirs, key=theirs.get)
+        lines.append(
+            f"fastest against fastest: {best_ours} {ours[best_ours]:.2f} s, {best_theirs} {theirs[best_theirs]:.2f} s "
+            f"= {theirs[best_theirs] / ours[best_ours]:.2f}x"
+        )
+    return lines
 
 
 if __name__ == "__main__":

@@ -128,7 +128,13 @@ def test_precision_settings_that_mean_nothing_are_refused():
 
 
 @pytest.mark.slow
-def test_training_with_bf16_compute_recomputes_old_log_probs(tmp_path, kk_data, tiny_model, capsys):
+@pytest.mark.parametrize("mini_batch", [4, 2])
+def test_training_with_bf16_compute_never_takes_the_rollouts_log_probs(
+    tmp_path, kk_data, tiny_model, capsys, mini_batch
+):
+    """The rollout's bf16 decode rounds differently from the update's forward: on-policy (one mini-batch)
+    the old log-probs are the update's own, with two mini-batches the actor's old-log-prob pass makes
+    them; either way rollout/logprob_diff_max shows the gap."""
     args = [
         *toy_train_args(tmp_path, kk_data, tiny_model),
         "model.compute_dtype=bfloat16",
@@ -136,7 +142,7 @@ def test_training_with_bf16_compute_recomputes_old_log_probs(tmp_path, kk_data, 
         "data.max_response_length=12",
         "data.train_batch_size=4",
         "rollout.n=4",
-        "actor.ppo_mini_batch_size=4",  # on-policy: fp32 compute would reuse the rollout's log-probs
+        f"actor.ppo_mini_batch_size={mini_batch}",
         "trainer.total_training_steps=2",
         "trainer.val_before_train=false",
         "trainer.save_final_model=false",
@@ -144,13 +150,14 @@ def test_training_with_bf16_compute_recomputes_old_log_probs(tmp_path, kk_data, 
     ]
     assert main(args) == 0
     said = " ".join(capsys.readouterr().out.split())
-    assert "old log-probs are recomputed by the actor" in said
     assert ("emulated, several times slower" in said) == (cpu_has_native_bf16() is False)
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for r in records:
-        # the actor recomputed the old log-probs: the rollout's bf16 decode differs from them
-        assert "timing_s/old_log_prob" in r and r["rollout/logprob_diff_max"] > 1e-4, r
+        assert ("timing_s/old_log_prob" in r) == (mini_batch == 2), r
+        assert r["rollout/logprob_diff_max"] > 1e-4, r
+        assert 0 < r["rollout/logprob_diff_mean"] < r["rollout/logprob_diff_max"], r
         assert r["actor/grad_norm"] > 0
+        assert (r["actor/ppo_kl"] == 0) == (mini_batch == 4), r  # ratio exactly 1 on-policy
 
 
 def test_native_bf16_is_read_from_the_cpu_flags(tmp_path):

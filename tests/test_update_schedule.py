@@ -11,6 +11,7 @@ import torch
 from test_micro_batches import _rollout_with_varied_lengths
 
 from lucidrl.algos import agg_loss
+from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig, CriticConfig, OptimConfig
 from lucidrl.workers.actor import ActorWorker, NonFiniteLossError
 from lucidrl.workers.critic import CriticWorker, load_value_model
@@ -127,3 +128,59 @@ def test_a_critic_step_with_a_non_finite_gradient_is_skipped_and_counted(rollout
     batch.set("returns", torch.full_like(returns, float("nan")))
     with pytest.raises(NonFiniteLossError, match="all 2 critic optimizer steps"):
         critic.update(batch)
+
+
+def _without(batch, key):
+    return Batch(
+        tensors={k: v for k, v in batch.tensors.items() if k != key},
+        non_tensors=dict(batch.non_tensors),
+        meta=dict(batch.meta),
+    )
+
+
+def test_on_policy_update_takes_the_old_log_probs_from_its_own_forward(rollout):
+    """One epoch of one mini-batch: no old-log-prob pass, old = the update's log-probs, detached (verl's
+    dp_actor on-policy path). Same optimizer step as with the pass, and the rollout gap still measured."""
+    model, out = rollout
+    cfg = ActorConfig(optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=4)
+    with_pass = ActorWorker(copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4)
+    passed = out.select(torch.arange(len(out)))
+    passed.update(with_pass.compute_log_prob(passed))
+    m_pass = with_pass.update(passed)
+    own = ActorWorker(copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4)
+    bare = _without(out, "old_log_probs")
+    assert "old_log_probs" not in bare and "rollout_log_probs" in bare
+    m_own = own.update(bare)
+    # the same gradient (compared before AdamW, which turns a 1e-9 gradient's rounding into a full step)
+    pairs = zip(with_pass.model.named_parameters(), own.model.named_parameters(), strict=True)
+    for (name, a), (_, b) in pairs:
+        assert a.grad is not None and torch.allclose(a.grad, b.grad, atol=1e-7, rtol=1e-4), name
+    assert m_own["actor/pg_clipfrac"] == 0.0 and m_own["actor/ppo_kl"] == 0.0
+    assert m_own["actor/pg_loss"] == pytest.approx(m_pass["actor/pg_loss"], abs=1e-5)
+    # what the trainer reports from the pass (metrics.step_metrics), measured in the update instead
+    mask = passed["response_mask"].bool()
+    gap = (passed["rollout_log_probs"] - passed["old_log_probs"]).abs()[mask]
+    assert m_own["rollout/logprob_diff_max"] == pytest.approx(gap.max().item(), abs=1e-6)
+    assert m_own["rollout/logprob_diff_mean"] == pytest.approx(gap.mean().item(), abs=1e-6)
+    assert "rollout/logprob_diff_max" not in m_pass  # with the pass, the trainer reports it
+
+
+def test_an_update_without_old_log_probs_must_be_on_policy(rollout):
+    model, out = rollout
+    bare = _without(out, "old_log_probs")
+    for cfg in (
+        ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size=4),  # two mini-batches
+        ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size=4, ppo_epochs=2),
+    ):
+        actor = ActorWorker(copy.deepcopy(model), cfg, temperature=1.0, samples_per_prompt=4)
+        with pytest.raises(RuntimeError, match="only one epoch of one mini-batch is on-policy"):
+            actor.update(bare)
+
+
+def test_the_old_reuse_key_names_its_replacement():
+    from lucidrl.config import ConfigError, load_config
+
+    with pytest.raises(
+        ConfigError, match=r"'actor.reuse_rollout_log_probs' .* is gone: write actor.on_policy_skip"
+    ):
+        load_config(None, ["model.path=/m", "data.train_files=[/t]", "actor.reuse_rollout_log_probs=false"])

@@ -68,6 +68,8 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
 RENAMED = {
     "trainer.checkpoint_freq": "trainer.save_freq (`lucidrl sft` now saves the full training state and "
     "resumes, with the same keys as `lucidrl train`)",
+    "actor.reuse_rollout_log_probs": "actor.on_policy_skip_old_log_prob (on-policy updates now take the old "
+    "log-probs from their own forward, detached, in any precision and with any rollout engine)",
 }
 
 

@@ -101,19 +101,17 @@ class PPOTrainer:
             else None
         )
         a = cfg.actor
-        # bf16 compute: the decode loop's incremental forwards and the update's full forward round
-        # differently, so the old log-probs come from the update's own forward (ratio 1 at the start)
+        # bf16 compute over float32 weights (autocast in every forward)
         self.mixed_precision = autocast_dtype(cfg.model.dtype, cfg.model.compute_dtype) is not None
-        # bfloat16 weights round the same way: incremental decoding and the full forward differ by ~1e-2
-        self.low_precision = self.mixed_precision or cfg.model.dtype != "float32"
-        # provably the actor's own numbers: only the hf engine samples with the actor's forward (vLLM's
-        # kernels round differently, and take log-probs after top-k / top-p; a server may hold other weights)
+        # one epoch of one mini-batch per step, nothing else reading them: the old log-probs are the update's
+        # own forward's, detached (ratio 1), whatever engine sampled and in whatever precision; the rollout's
+        # log-probs are not used for them (vLLM's kernels and bf16 decoding round differently from the
+        # update's forward, and a server may hold other weights), only compared (rollout/logprob_diff_*)
         self.on_policy = (
-            a.reuse_rollout_log_probs
-            and cfg.rollout.name == "hf"
+            a.on_policy_skip_old_log_prob
             and a.ppo_epochs == 1
             and a.ppo_mini_batch_size == cfg.data.train_batch_size
-            and not self.low_precision
+            and not cfg.algorithm.use_kl_in_reward
         )
         self.global_step = 0
         self.batches_drawn = 0  # batches taken from the loader's epochs so far (a resume skips them)
@@ -171,16 +169,6 @@ class PPOTrainer:
                 "do); for bfloat16 compute over float32 master weights set model.dtype=float32 "
                 "model.compute_dtype=bfloat16"
             )
-        if self.low_precision and cfg.actor.reuse_rollout_log_probs:
-            what = (
-                "bfloat16 compute over float32 weights"
-                if self.mixed_precision
-                else f"{cfg.model.dtype} weights"
-            )
-            lines.append(
-                f"{what}: old log-probs are recomputed by the actor, not taken from the rollout "
-                "(rollout/logprob_diff_max shows how far the two are apart)"
-            )
         if self.resumed_from is not None:
             lines.append(
                 f"resumed from {self.resumed_from} after step {self.global_step} ({self.batches_drawn} batches "
@@ -223,9 +211,7 @@ class PPOTrainer:
         with timer("step", t):
             batch, metrics = self.collector.collect(t)  # rollout.generate + rewards.score (+ DAPO filter)
             debug_hop("rollout + reward -> trainer", batch)
-            if self.on_policy and "rollout_log_probs" in batch:
-                batch.set("old_log_probs", batch["rollout_log_probs"])  # the same weights sampled them
-            else:
+            if not self.on_policy:  # otherwise the update takes them from its own forward
                 with timer("old_log_prob", t):
                     batch.update(w.actor.compute_log_prob(batch))
             if w.reference is not None:

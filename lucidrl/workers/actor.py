@@ -177,7 +177,13 @@ class ActorWorker:
                 head_chunk_tokens=cfg.head_chunk_tokens,
                 compiled=cfg.use_torch_compile,
             )
-        old, adv, mask = ub["old_log_probs"], ub["advantages"], ub["response_mask"]
+        adv, mask = ub["advantages"], ub["response_mask"]
+        if "old_log_probs" in ub:
+            old = ub["old_log_probs"]
+        else:  # on-policy (update checked it): this forward's own log-probs are the sampling policy's
+            old = log_prob.detach()
+            if "rollout_log_probs" in ub:  # what the skipped old-log-prob pass would have shown
+                self._rollout_gap(old, ub["rollout_log_probs"], mask, token_weight, metrics)
         ref = ub["ref_log_probs"] if cfg.use_kl_loss else None
         if self.norm_width is not None:
             log_prob, entropy, old, adv, mask, ref = pad_response_width(
@@ -213,6 +219,18 @@ class ActorWorker:
             metrics[f"actor/{k}"] += token_weight * float(v)
         token_mean = agg_loss(entropy.detach(), mask, "token-mean") if per_token else None
         return entropy_loss.detach(), token_mean
+
+    def _rollout_gap(
+        self, log_prob: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, token_weight: float, metrics
+    ) -> None:
+        """rollout/logprob_diff_*: |the rollout engine's log-probs - the actor's| of the sampled tokens, as
+        the trainer reports it from the old-log-prob pass when that runs (mean: weighted by token share,
+        summed over micro-batches and averaged over ranks like ppo_kl; max: over everything)."""
+        diff = (log_prob - rollout).abs()[mask.bool()]
+        # the key on every rank alike, even one whose responses are all empty
+        metrics["rollout/logprob_diff_mean"] += token_weight * diff.mean().item() if diff.numel() else 0.0
+        if diff.numel():
+            self._gap_max = max(self._gap_max, diff.max().item())
 
     @property
     def _per_token_metrics(self) -> bool:
@@ -264,6 +282,14 @@ class ActorWorker:
         # otherwise (provably on-policy: one epoch, one mini-batch) the first mini-batch's forwards
         # run before any optimizer step and see that same policy
         entropy, entropy_per_token = self._batch_entropy(batch) if "entropy" in batch else (None, None)
+        own_old = "old_log_probs" not in batch  # on-policy: the old log-probs come from the update's forward
+        if own_old and (cfg.ppo_epochs != 1 or len(batch) > mini):
+            raise RuntimeError(
+                f"the actor got no old_log_probs for an update of {cfg.ppo_epochs} epoch(s) over {len(batch)} "
+                f"samples in mini-batches of {mini}: only one epoch of one mini-batch is on-policy (a bug in "
+                "the trainer: it skips the old-log-prob pass only then)"
+            )
+        self._gap_max = 0.0
         steps = skipped = 0
         for _ in range(cfg.ppo_epochs):
             for mb in batch.split(mini):
@@ -310,6 +336,8 @@ class ActorWorker:
         out.mean("actor/entropy", entropy)
         if entropy_per_token is not None:
             out.mean("actor/entropy_token_mean", entropy_per_token)
+        if own_old and "rollout/logprob_diff_mean" in out:
+            out.put("rollout/logprob_diff_max", self._gap_max, Combine.MAX)
         out.same("actor/lr", lr)
         out.same("actor/nonfinite_skipped", skipped)  # the ranks skip together: one all-reduced gradient
         return out

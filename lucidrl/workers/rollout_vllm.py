@@ -15,8 +15,8 @@ nothing is re-tokenized.
   log-probs are of the temperature-scaled distribution, as the actor's forward computes them. vLLM
   takes them after top-k and top-p too (renormalised over the kept tokens), where HFRollout and the
   actor take them before: with top-k or top-p on, vLLM's are higher. Either way the trainer never
-  uses them as the old log-probs (`actor.reuse_rollout_log_probs` applies to `rollout.name=hf`
-  only: vLLM's kernels round differently from the actor's forward); they feed the
+  uses them as the old log-probs (vLLM's kernels round differently from the actor's forward: the
+  old log-probs come from the actor's update or old-log-prob forward); they feed the
   `rollout/logprob_diff_*` metrics, which measure that gap.
 - Each rank runs its own engine in its own process (tensor parallel 1; `external_launcher`, as in
   TRL's colocated mode) on its share of the prompts.
