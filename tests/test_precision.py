@@ -198,3 +198,33 @@ def test_the_start_says_what_will_not_work_as_expected(tmp_path, kk_data, tiny_m
             assert "set model.dtype=float32 model.compute_dtype=bfloat16" in out
         # and with one sample per prompt, that collapse detection's default sign cannot fire
         assert ("trainer.collapse watches nothing in this run" in out) == said
+
+
+@pytest.mark.slow
+def test_the_old_log_prob_pass_still_runs_where_the_update_cannot_replace_it(tmp_path, kk_data, tiny_model):
+    """On-policy steps skip it; a step where the critic's warm-up holds the actor back runs it (the rollout
+    gap is reported from it), and so does every step with dropout left on (its eval-mode forward gives
+    the old log-probs, not a dropped-out one)."""
+    base = [
+        *toy_train_args(tmp_path, kk_data, tiny_model),
+        "data.max_prompt_length=1024",
+        "data.max_response_length=8",
+        "data.train_batch_size=4",
+        "rollout.n=2",
+        "actor.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=3",
+        "trainer.val_before_train=false",
+        "trainer.save_final_model=false",
+        "data.val_files=[]",
+    ]
+
+    def passes(*extra: str, run: str) -> list[bool]:
+        assert main([*base, f"trainer.run_dir={tmp_path / run}", *extra]) == 0
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(x) for x in lines]
+        assert all("rollout/logprob_diff_max" in r for r in records), records
+        return ["timing_s/old_log_prob" in r for r in records]
+
+    assert passes(run="plain") == [False, False, False]
+    assert passes("algorithm.adv_estimator=gae", "critic.warmup_steps=2", run="warmup") == [True, True, False]
+    assert passes("actor.disable_dropout=false", run="dropout") == [True, True, True]

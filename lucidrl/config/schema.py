@@ -191,10 +191,11 @@ class ActorConfig:
     ppo_mini_batch_size: PosInt = 8  # prompts per optimizer step (x rollout.n samples)
     ppo_micro_batch_size: PosInt = 8  # samples per forward/backward (gradient accumulation)
     log_prob_micro_batch_size: PosInt = 16  # samples per forward when computing log-probs
-    # when the update is provably on-policy (one epoch, one mini-batch per step, no KL in the reward) the old
-    # log-probs are the update's own forward's, detached, as verl's dp_actor does: the ratio is 1 and the
-    # gradient the policy gradient, in any precision and with any rollout engine, and the separate
-    # old-log-prob forward is skipped. False: always run that forward
+    # when the update is provably on-policy (one epoch, one mini-batch per step, no KL in the reward,
+    # disable_dropout on) the old log-probs are the update's own forward's, detached, as verl's dp_actor
+    # does: the ratio is 1 and the gradient the policy gradient, in any precision and with any rollout
+    # engine, and the separate old-log-prob forward is skipped (it still runs while critic.warmup_steps
+    # hold the actor back). False: always run that forward
     on_policy_skip_old_log_prob: bool = True
     # run each prompt once for all its samples in log-prob and update forwards (same numbers, fewer FLOPs)
     share_prompt_forward: bool = True

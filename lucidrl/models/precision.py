@@ -7,7 +7,8 @@ log-softmax, norms, losses) stays there. Every forward of a run goes through the
 rollout and the update compute with one precision. With several FSDP2 ranks the training models also
 gather their parameters in bfloat16 (MixedPrecisionPolicy), so the residual stream is bfloat16 there
 while the rollout's copy keeps float32 weights: the two differ a little more (3.9e-3 against 1.9e-3
-from float32 on the tiny model), and the old log-probs are recomputed by the actor either way.
+from float32 on the tiny model), and the rollout's log-probs are never the old ones either way (those
+come from the actor's own forward: the update's when it is on-policy, else the old-log-prob pass).
 Backward passes run outside it, as PyTorch recommends: autograd replays each op in the dtype its
 forward used.
 """

@@ -107,11 +107,14 @@ class PPOTrainer:
         # own forward's, detached (ratio 1), whatever engine sampled and in whatever precision; the rollout's
         # log-probs are not used for them (vLLM's kernels and bf16 decoding round differently from the
         # update's forward, and a server may hold other weights), only compared (rollout/logprob_diff_*)
+        # (with dropout on, the update's forward is a dropped-out one: the pass, in eval mode, gives the old
+        # log-probs, the entropy and the rollout gap as before)
         self.on_policy = (
             a.on_policy_skip_old_log_prob
             and a.ppo_epochs == 1
             and a.ppo_mini_batch_size == cfg.data.train_batch_size
             and not cfg.algorithm.use_kl_in_reward
+            and a.disable_dropout
         )
         self.global_step = 0
         self.batches_drawn = 0  # batches taken from the loader's epochs so far (a resume skips them)
@@ -211,7 +214,10 @@ class PPOTrainer:
         with timer("step", t):
             batch, metrics = self.collector.collect(t)  # rollout.generate + rewards.score (+ DAPO filter)
             debug_hop("rollout + reward -> trainer", batch)
-            if not self.on_policy:  # otherwise the update takes them from its own forward
+            updates_actor = self.global_step > cfg.critic.warmup_steps
+            # on-policy the update takes them from its own forward; while the critic warms up no update
+            # runs, and the pass still reports the rollout gap
+            if not (self.on_policy and updates_actor):
                 with timer("old_log_prob", t):
                     batch.update(w.actor.compute_log_prob(batch))
             if w.reference is not None:
@@ -233,7 +239,7 @@ class PPOTrainer:
                 with timer("update_critic", t):
                     ordered = self._by_mini_batch(batch, cfg.critic_mini_batch_prompts, w.critic)
                     metrics.update(w.critic.update_critic(ordered))
-            if self.global_step > cfg.critic.warmup_steps:
+            if updates_actor:
                 with timer("update_actor", t):
                     ordered = self._by_mini_batch(batch, cfg.actor.ppo_mini_batch_size, w.actor)
                     metrics.update(w.actor.update_actor(ordered))

@@ -135,6 +135,7 @@ class ActorWorker:
         self.policy_loss_fn = get_policy_loss(cfg.policy_loss)
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim)
         self.nonfinite_skipped = 0
+        self._gap_max = 0.0  # the largest rollout-vs-update log-prob gap of the current update
 
     @torch.no_grad()
     def compute_log_prob(self, batch: Batch) -> Batch:
