@@ -103,12 +103,11 @@ class PPOTrainer:
         a = cfg.actor
         # bf16 compute over float32 weights (autocast in every forward)
         self.mixed_precision = autocast_dtype(cfg.model.dtype, cfg.model.compute_dtype) is not None
-        # one epoch of one mini-batch per step, nothing else reading them: the old log-probs are the update's
-        # own forward's, detached (ratio 1), whatever engine sampled and in whatever precision; the rollout's
-        # log-probs are not used for them (vLLM's kernels and bf16 decoding round differently from the
-        # update's forward, and a server may hold other weights), only compared (rollout/logprob_diff_*)
-        # (with dropout on, the update's forward is a dropped-out one: the pass, in eval mode, gives the old
-        # log-probs, the entropy and the rollout gap as before)
+        # one epoch of one mini-batch per step and nothing else reading them: the old log-probs are the
+        # update's own forward's, detached (ratio 1), whatever engine sampled and in whatever precision. The
+        # rollout's are never used for them (vLLM and bf16 decoding round differently, a server may hold
+        # other weights), only compared (rollout/logprob_diff_*). With dropout on the update's forward is a
+        # dropped-out one, so the eval-mode pass runs
         self.on_policy = (
             a.on_policy_skip_old_log_prob
             and a.ppo_epochs == 1

@@ -228,8 +228,8 @@ class ActorWorker:
         the trainer reports it from the old-log-prob pass when that runs (mean: weighted by token share,
         summed over micro-batches and averaged over ranks like ppo_kl; max: over everything)."""
         diff = (log_prob - rollout).abs()[mask.bool()]
-        # the key on every rank alike, even one whose responses are all empty
-        metrics["rollout/logprob_diff_mean"] += token_weight * diff.mean().item() if diff.numel() else 0.0
+        mean = diff.mean().item() if diff.numel() else 0.0
+        metrics["rollout/logprob_diff_mean"] += token_weight * mean  # on every rank, even an all-empty one
         if diff.numel():
             self._gap_max = max(self._gap_max, diff.max().item())
 
