@@ -31,8 +31,11 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
         labelled=24, unlabelled=16, val=8, sft_s=3, rl_s=3, hidden=64, layers=2,
         sft_batch=8, rl_prompts=4, rl_n=4, max_new_tokens=48, eval_k=2, renderings=2, pool_renderings=2,
     )  # fmt: skip
-    results = run_demo(tmp_path, seeds=[3], plan=plan)
     seed_dir = tmp_path / "seed3"
+    # a previous demo's baseline in the folder: the resumed run (which may not empty it) still starts
+    (seed_dir / "sft_only").mkdir(parents=True)
+    (seed_dir / "sft_only" / "metrics.jsonl").write_text('{"step": 99}\n')
+    results = run_demo(tmp_path, seeds=[3], plan=plan)
     labelled = pq.read_table(seed_dir / "data" / "labelled.parquet")
     unlabelled = pq.read_table(seed_dir / "data" / "unlabelled.parquet")
     # 24 labelled puzzles, each also under fresh names; 16 pool puzzles likewise
@@ -56,12 +59,17 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
     )
     labelled_prompts = {json.dumps(p) for p in labelled.column("prompt").to_pylist()}
     assert not labelled_prompts & {json.dumps(p) for p in unlabelled.column("prompt").to_pylist()}
-    # both branches start from the SFT checkpoint
-    for branch in ("grpo", "sft_only"):
-        cfg = (seed_dir / branch / "config.yaml").read_text()
-        assert str(seed_dir / "sft" / "final") in cfg
+    # both branches start from the SFT run's end: GRPO from its weights, SFT alone resumes the run itself
+    import yaml
+
+    assert str(seed_dir / "sft" / "final") in (seed_dir / "grpo" / "config.yaml").read_text()
+    baseline = yaml.safe_load((seed_dir / "sft_only" / "config.yaml").read_text())["trainer"]
+    assert baseline["resume_mode"] == "resume_path" and baseline["resume_from_path"] == str(seed_dir / "sft")
     r = results[0]
     assert r.rl_steps >= 1 and r.sft_only_steps >= 1
+    # its steps carry on from the first phase's (optimizer, schedule and data position restored)
+    logged = [json.loads(line)["step"] for line in (seed_dir / "sft_only" / "metrics.jsonl").open()]
+    assert logged[0] == r.sft_steps + 1 and logged[-1] == r.sft_steps + r.sft_only_steps
     for acc in (r.start, r.rl, r.sft_only):
         assert 0.0 <= acc["greedy_acc"] <= 1.0 and 0.0 <= acc["sampled_format"] <= 1.0
         assert acc["greedy_trace_ok"] is None or 0.0 <= acc["greedy_trace_ok"] <= 1.0
@@ -87,6 +95,11 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
     assert "issue 6's bar (>= 20 points over both the start and SFT alone, in 3 of 3 distinct seeds" in said
     assert "NOT MET (1 distinct seed(s)" in said
     assert "on the RL prompts greedy" in out and "on RL prompts" in out
+    squeezed = "".join(out.split())  # rich breaks a long path anywhere
+    assert (
+        f"resumedfrom{seed_dir / 'sft' / 'checkpoints'}/global_step_{r.sft_steps}afterstep{r.sft_steps}:"
+        in squeezed
+    )
 
 
 def test_demo_refuses_more_puzzles_than_exist(tmp_path, capsys):

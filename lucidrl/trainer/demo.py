@@ -11,7 +11,7 @@ Labelled reasoning is scarce, a checker is cheap: can RL turn the checker into a
 4. from that checkpoint, two branches of equal wall time `rl_s`:
    a. GRPO on the unlabelled prompts with the verifier (KL loss, PPO clip, warm-up, collapse
       detection that stops the run and falls back to the last healthy weights);
-   b. the baseline: SFT continued on the same labelled set;
+   b. the baseline: the SFT run resumed (optimizer, schedule, data position) on the same labelled set;
 5. held-out greedy accuracy (and sampled accuracy, k samples at temperature 1, and the share of
    traces right in every step) of the start and of both branches, and their greedy accuracy on the
    RL pool's own puzzles (learning the task vs learning the pool's answers), printed per seed and
@@ -23,6 +23,7 @@ The RL user's budget is SFT + RL (`sft_s + rl_s`); the SFT-only baseline gets th
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import time
 from collections.abc import Iterator
@@ -182,7 +183,17 @@ def write_data(out: Path, plan: DemoPlan, seed: int) -> dict[str, str]:
     return files
 
 
-def sft_config(model: str, files: dict, run_dir: Path, plan: DemoPlan, seed: int, seconds: float) -> dict:
+def sft_config(
+    model: str, files: dict, run_dir: Path, plan: DemoPlan, seed: int, seconds: float,
+    resume_from: Path | None = None,
+) -> dict:  # fmt: skip
+    """The first SFT phase (checkpointed at its last step), or with `resume_from` the baseline: that
+    run continued, with its AdamW moments, LR schedule, data position and RNG."""
+    if resume_from is None:
+        checkpoints = {"save_freq": plan.max_steps, "max_ckpt_to_keep": 1}  # a save at the last step
+    else:
+        # into its own run directory (out/sft_only), so nothing needs emptying
+        checkpoints = {"resume_mode": "resume_path", "resume_from_path": str(resume_from), "overwrite": False}
     return {
         "model": {"path": model},
         "data": {"train_files": [files["labelled"]], "batch_size": plan.sft_batch, "seed": seed},
@@ -195,6 +206,7 @@ def sft_config(model: str, files: dict, run_dir: Path, plan: DemoPlan, seed: int
             "total_training_steps": plan.max_steps,
             "max_time_s": seconds,
             "seed": seed,
+            **checkpoints,
         },
     }
 
@@ -301,8 +313,8 @@ def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResu
         f"tiny Qwen2 {model['num_parameters'] / 1e6:.1f}M parameters"
     )
 
-    def sft(model_path: str, run_dir: Path, seconds: float) -> int:
-        cfg = sft_config(model_path, files, run_dir, plan, seed, seconds)
+    def sft(model_path: str, run_dir: Path, seconds: float, resume_from: Path | None = None) -> int:
+        cfg = sft_config(model_path, files, run_dir, plan, seed, seconds, resume_from)
         trainer = SFTTrainer(config_from_dict(cfg, source="lucidrl demo", schema=SFTConfig))
         trainer.fit()
         return trainer.global_step
@@ -337,11 +349,18 @@ def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResu
     )
     console.print(f"  after GRPO ({res.rl_steps} steps{evaluated}): {_line(res.rl)}")
 
-    # a second SFT run from the start checkpoint: a fresh optimizer and warm-up, the same labelled rows
+    # the first SFT run resumed from its last step, so SFT alone is one run of sft_s + rl_s: its AdamW
+    # moments, LR schedule and place in the shuffled epochs carry on (a fresh run from the start
+    # weights, as until this release, warmed up again and replayed the first phase's batch order)
     console.print(
-        f"  b. baseline: SFT from the start checkpoint on the same labelled traces for {plan.rl_s:.0f} s"
+        f"  b. baseline: the SFT run resumed on the same labelled traces for {plan.rl_s:.0f} s more"
     )
-    res.sft_only_steps = sft(str(start_model), out / "sft_only", plan.rl_s)
+    # model.path as in the first run (a key its checkpoint holds to); the weights come from the checkpoint.
+    # A resume into another folder may not empty it (trainer.overwrite), and a previous demo's baseline
+    # may be there: the demo owns out/, so it clears that folder itself
+    shutil.rmtree(out / "sft_only", ignore_errors=True)
+    resumed = sft(model["path"], out / "sft_only", plan.rl_s, resume_from=out / "sft")
+    res.sft_only_steps = resumed - res.sft_steps
     lap("baseline")
     res.sft_only = _accuracy(out / "sft_only" / "final", files, plan, seed)
     lap("baseline_eval")

@@ -269,8 +269,12 @@ def generate_dataset(
 
     `people` is an inclusive range (lo, hi) or an explicit list of sizes. Each size has its own random
     stream derived from `seed`, so adding a size leaves the other sizes' puzzles unchanged, and val
-    draws first, so a larger n_train leaves the val rows unchanged. With `trace`, responses hold a
-    truth-table reasoning trace before the answer (same puzzles). Raises
+    draws first, so a larger n_train leaves the val rows unchanged. The sampler finds its likeliest
+    structures first, so a request that uses up most of a size would give val the simple puzzles and
+    train the rare ones: 2-person K&K has only 285, and in the demo's split of all of them val took
+    22-24% bare claims and negations against 0-2% in the last 85. So all 285 are drawn (0.1 s) and
+    shuffled, and both splits are taken in that order: random parts of the whole, val still first.
+    With `trace`, responses hold a truth-table reasoning trace before the answer (same puzzles). Raises
     ValueError when a size has fewer distinct puzzles than requested.
     """
     sizes = people_values(people)
@@ -284,7 +288,12 @@ def generate_dataset(
     for n in sizes:
         rng = random.Random(f"lucidrl-kk-{seed}-{n}")
         need = train_counts[n] + val_counts[n]
-        puzzles = _distinct_puzzles(n, need, rng)
+        if n == 2:  # the whole space, shuffled (see the docstring)
+            puzzles = _distinct_puzzles(n, TWO_PERSON_PUZZLES, rng)
+            rng.shuffle(puzzles)
+            puzzles = puzzles[:need]
+        else:
+            puzzles = _distinct_puzzles(n, need, rng)
         if len(puzzles) < need:
             raise ValueError(
                 f"n_train={n_train}, n_val={n_val} over people {sizes} puts {need} puzzles on {n} people "
