@@ -187,9 +187,12 @@ class _Context:
         return False
 
 
-def _fit_with_entropies(tmp_path, entropy_of: dict[int, float], patience: int, total_steps: int):
+def _fit_with_entropies(
+    tmp_path, entropy_of: dict[int, float], patience: int, total_steps: int, metrics_of=None, collapse=None
+):
     """PPOTrainer.fit over a stand-in actor whose step k measures the entropy of the weights it starts
     from (`entropy_of[k - 1]`) and then updates them; min_entropy 0.1 and keep_last_healthy on.
+    `metrics_of(weights)` and `collapse` (a CollapseConfig) replace the entropies and those settings.
     Returns (trainer, actor, weights measured per step, console lines)."""
     from types import SimpleNamespace
 
@@ -201,9 +204,10 @@ def _fit_with_entropies(tmp_path, entropy_of: dict[int, float], patience: int, t
     trainer.workers.actor = actor = _Actor()
     trainer.tracker.console = SimpleNamespace(print=lambda text, **_: printed.append(text))
     trainer.tracker.log = lambda metrics, step: None
-    collapse = CollapseConfig(
+    collapse = collapse or CollapseConfig(
         min_mixed_groups_ratio=None, min_entropy=0.1, patience=patience, keep_last_healthy=True
     )
+    metrics_of = metrics_of or (lambda weights: {"actor/entropy": entropy_of[weights]})
     trainer.cfg = SimpleNamespace(
         trainer=SimpleNamespace(
             val_before_train=False, collapse=collapse, max_time_s=None, test_freq=0, save_freq=0,
@@ -212,13 +216,14 @@ def _fit_with_entropies(tmp_path, entropy_of: dict[int, float], patience: int, t
     )  # fmt: skip
     trainer.monitor = CollapseMonitor(collapse)
     trainer.global_step, trainer.total_steps, trainer.healthy_step, trainer.collapse = 0, total_steps, 0, None
+    trainer.saturation = None
     trainer.resumed_from, trainer.run_dir, trainer.restored_step = None, tmp_path, None
     trainer.validate = lambda: {}
     measured = []
 
     def step():
         measured.append(actor.weights)
-        metrics = {"actor/entropy": entropy_of[actor.weights]}
+        metrics = metrics_of(actor.weights)
         actor.weights += 1  # the update
         return metrics
 
@@ -277,3 +282,74 @@ def test_a_sign_still_building_when_the_run_ends_falls_back_on_the_last_healthy_
     assert any(
         "ended with a sign of collapse held since step 4" in p and "after step 2" in p for p in printed
     )
+
+
+def _groups(mixed: float, at_best: float, score: float) -> dict[str, float]:
+    return {
+        "critic/groups_with_mixed_scores": mixed,
+        "critic/groups_tied_at_best": at_best,
+        "critic/score/mean": score,
+    }
+
+
+def test_groups_tied_at_the_best_score_with_the_score_up_are_saturation_not_collapse():
+    """The demo's GRPO solved its 85 pool puzzles (mixed groups 0.52 -> 0.00, score 2.9 of 3) and was
+    stopped as a policy collapse, its last weights thrown away for older ones."""
+    cfg = CollapseConfig(patience=2, baseline_steps=2, min_mixed_groups_ratio=0.25)
+    rows = [_groups(0.5, 0.2, 1.0), _groups(0.54, 0.2, 1.2), _groups(0.3, 0.5, 2.0)]
+    solved = rows + [_groups(0.06, 0.9, 2.8), _groups(0.0, 1.0, 2.9)]
+    mon = CollapseMonitor(cfg)
+    out = _feed(mon, solved)
+    assert out[:4] == [None] * 4 and mon.healthy  # a saturated step is a healthy one
+    report = out[4]
+    assert report.kind == "saturation" and (report.step, report.onset_step) == (5, 4)
+    said = report.message()
+    assert said.startswith("RL signal saturated at step 5 (signs since step 4)")
+    assert "1.00 of the groups scored the batch's best in every sample" in said
+    assert "critic/score/mean 2.900 is not below its first-steps mean 1.100: the prompts are solved" in said
+    # tied at a worse score than the batch's best (every sample wrong): a collapse, as before
+    broken = rows + [_groups(0.06, 0.1, 0.9), _groups(0.0, 0.0, 0.8)]
+    report = _feed(CollapseMonitor(cfg), broken)[4]
+    assert report.kind == "collapse" and report.message().startswith("policy collapse detected at step 5")
+    # every sample of the batch the same (all tied at "the best") but the score fell: a collapse too
+    fallen = rows + [_groups(0.0, 1.0, -1.0), _groups(0.0, 1.0, -1.0)]
+    assert _feed(CollapseMonitor(cfg), fallen)[4].kind == "collapse"
+
+
+def test_step_metrics_count_the_groups_tied_at_the_batch_best():
+    import torch
+
+    from lucidrl.batch import Batch
+    from lucidrl.trainer.metrics import step_metrics
+
+    scores = torch.tensor([3.0, 3.0, 3.0, -1.0, -1.0, -1.0])  # groups: solved, mixed, all wrong
+    batch = Batch(
+        tensors={
+            "prompts": torch.ones(6, 2, dtype=torch.long),
+            "prompt_mask": torch.ones(6, 2),
+            "responses": torch.ones(6, 1, dtype=torch.long),
+            "response_mask": torch.ones(6, 1),
+            "token_level_scores": scores[:, None],
+            "token_level_rewards": scores[:, None],
+            "advantages": torch.zeros(6, 1),
+        },
+        non_tensors={"uid": ["a", "a", "b", "b", "c", "c"]},
+    )
+    m = step_metrics(batch, max_response_length=1)
+    assert m["critic/groups_with_mixed_scores"] == pytest.approx(1 / 3)
+    assert m["critic/groups_tied_at_best"] == pytest.approx(1 / 3)
+
+
+def test_a_saturated_run_stops_on_its_last_weights(tmp_path):
+    cfg = CollapseConfig(patience=2, baseline_steps=2, min_mixed_groups_ratio=0.25, keep_last_healthy=True)
+    # the weights after step k: solved from weights 3 on
+    of = {0: _groups(0.5, 0.2, 1.0), 1: _groups(0.5, 0.2, 1.2), 2: _groups(0.4, 0.4, 1.8)}
+    trainer, actor, measured, printed = _fit_with_entropies(
+        tmp_path, {}, patience=2, total_steps=10, collapse=cfg,
+        metrics_of=lambda w: of.get(w, _groups(0.0, 1.0, 2.9)),
+    )  # fmt: skip
+    assert measured == [0, 1, 2, 3, 4]  # signs at steps 4 and 5: stopped after patience
+    assert trainer.collapse is None and trainer.restored_step is None
+    assert trainer.saturation.step == 5 and actor.weights == 5  # nothing restored
+    assert any("RL signal saturated at step 5" in p and "nothing is restored" in p for p in printed)
+    assert (tmp_path / "SATURATED.txt").is_file() and not (tmp_path / "COLLAPSE.txt").exists()

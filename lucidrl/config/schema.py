@@ -347,6 +347,8 @@ class CollapseConfig:
     action: Literal["stop", "warn"] = "stop"  # stop: end the run and report; warn: report once, go on
     patience: PosInt = 3
     # mixed-score groups below this fraction of their mean over the first `baseline_steps` steps
+    # (saturation instead of collapse where the tied groups are mostly at the batch's best score and
+    # the score has not fallen below its start: trainer/collapse.py)
     min_mixed_groups_ratio: Fraction | None = 0.25
     # steps averaged for that baseline, and for the start of the score EMA below
     baseline_steps: PosInt = 3

@@ -8,6 +8,12 @@ from the best it reached (format and accuracy to 0), or it runs away from the re
 with `action: stop`, the trainer stops, reports which sign fired with the numbers, logs
 `collapse/detected` and keeps the model from before the sign first appeared (a snapshot kept in
 memory) as the final model; with `action: warn` it reports once and trains on.
+
+Groups also stop disagreeing when the policy succeeds: every sample of a prompt right. Where the tied
+groups are mostly tied at the batch's best score (`critic/groups_tied_at_best`) and the score is not
+below where the run started, the mixed-groups sign is saturation, not collapse (the demo's GRPO learnt
+its 85 pool puzzles and was stopped as "collapsed" with a score of 2.9 of 3): reported as such
+(`collapse/saturated`), stopping the run with `action: stop` on its own weights, which stay healthy.
 """
 
 from __future__ import annotations
@@ -20,12 +26,11 @@ class CollapseReport:
     step: int  # the step at which the sign had held for `patience` steps
     onset_step: int  # the first step of that run of bad steps
     reasons: list[str] = field(default_factory=list)
+    kind: str = "collapse"  # or "saturation": the prompts solved, not the policy broken
 
     def message(self) -> str:
-        return (
-            f"policy collapse detected at step {self.step} (signs since step {self.onset_step}): "
-            + "; ".join(self.reasons)
-        )
+        what = "policy collapse detected" if self.kind == "collapse" else "RL signal saturated"
+        return f"{what} at step {self.step} (signs since step {self.onset_step}): " + "; ".join(self.reasons)
 
 
 class CollapseMonitor:
@@ -34,14 +39,20 @@ class CollapseMonitor:
     def __init__(self, cfg) -> None:  # cfg: config.schema.CollapseConfig
         self.cfg = cfg
         self.baseline_mixed: list[float] = []  # mixed-score group fractions of the first steps
+        self.baseline_score: list[float] = []  # and those steps' scores (saturation: no worse than them)
+        self.saturated_since: int | None = None
+        self.saturation_reported = False
         self.first_scores: list[float] = []  # scores of the first steps, the EMA's start
         self.best_score_ema: float | None = None
         self.score_ema: float | None = None
         self.bad_since: int | None = None
         self.reported = False
 
-    def _signs(self, m: dict[str, float]) -> list[str]:
-        c, signs = self.cfg, []
+    def _signs(self, m: dict[str, float]) -> tuple[list[str], list[str]]:
+        """(signs of collapse, signs of saturation) in one step's metrics."""
+        c, signs, saturation = self.cfg, [], []
+        score_key = _first_present(m, "dapo/generated/score/mean", "critic/score/mean")
+        score = m.get(score_key)
         # per token: actor/entropy is aggregated as the loss is (a sum per sequence under
         # seq-mean-token-sum), so under other modes than token-mean the actor logs a token mean too
         entropy_key = _first_present(m, "actor/entropy_token_mean", "actor/entropy")
@@ -57,15 +68,17 @@ class CollapseMonitor:
         if mixed is not None and c.min_mixed_groups_ratio is not None:
             if len(self.baseline_mixed) < c.baseline_steps:
                 self.baseline_mixed.append(mixed)
+                if score is not None:
+                    self.baseline_score.append(score)
             else:
                 base = sum(self.baseline_mixed) / len(self.baseline_mixed)
                 if base > 0 and mixed < c.min_mixed_groups_ratio * base:
-                    signs.append(
+                    sign = (
                         f"{mixed_key} {mixed:.2f} < {c.min_mixed_groups_ratio} x its "
                         f"first-{c.baseline_steps}-step mean {base:.2f} (trainer.collapse.min_mixed_groups_ratio)"
                     )
-        score_key = _first_present(m, "dapo/generated/score/mean", "critic/score/mean")
-        score = m.get(score_key)
+                    solved = self._solved(m, mixed_key, mixed, score_key, score)
+                    (saturation if solved else signs).append(sign + solved)
         if score is not None and c.max_score_drop is not None:
             if len(self.first_scores) < c.baseline_steps:
                 # the EMA starts from the mean of the first steps: one lucky first batch (16 prompts are
@@ -87,16 +100,35 @@ class CollapseMonitor:
         kl = m.get(_first_present(m, "actor/kl_loss_token_mean", "actor/kl_loss", "actor/reward_kl_penalty"))
         if c.max_kl is not None and kl is not None and kl > c.max_kl:
             signs.append(f"KL to the reference {kl:.4f} > trainer.collapse.max_kl {c.max_kl}")
-        return signs
+        return signs, saturation
+
+    def _solved(self, m: dict[str, float], mixed_key: str, mixed: float, score_key: str, score) -> str:
+        """Why the tied groups are solved prompts (", ..."), or "" where they may be a collapse.
+
+        Most tied groups at the batch's best score, and the score no lower than over the first steps.
+        Under DAPO's filter the dropped groups' scores are not logged: its sign stays a collapse sign.
+        """
+        top = m.get("critic/groups_tied_at_best") if mixed_key == "critic/groups_with_mixed_scores" else None
+        if top is None or score is None or not self.baseline_score:
+            return ""
+        start = sum(self.baseline_score) / len(self.baseline_score)
+        if top < (1 - mixed) / 2 or score < start:
+            return ""
+        return (
+            f", but {top:.2f} of the groups scored the batch's best in every sample (critic/groups_tied_at_best) "
+            f"and {score_key} {score:.3f} is not below its first-steps mean {start:.3f}: the prompts are "
+            "solved, and a group whose samples all score the same has no advantage to learn from (more or "
+            "harder prompts give the signal back)"
+        )
 
     def update(self, step: int, metrics: dict[str, float]) -> CollapseReport | None:
         """Check one step; a report when a sign has held for `patience` steps (once per run)."""
         if not self.cfg.enable:
             return None
-        signs = self._signs(metrics)
+        signs, saturation = self._signs(metrics)
         if not signs:
             self.bad_since = None
-            return None
+            return self._saturation(step, saturation)
         if self.bad_since is None:
             self.bad_since = step
         if step - self.bad_since + 1 < self.cfg.patience or self.reported:
@@ -104,7 +136,29 @@ class CollapseMonitor:
         self.reported = True
         return CollapseReport(step=step, onset_step=self.bad_since, reasons=signs)
 
-    STATE = ("baseline_mixed", "first_scores", "best_score_ema", "score_ema", "bad_since", "reported")
+    def _saturation(self, step: int, signs: list[str]) -> CollapseReport | None:
+        """A saturation report once its sign has held `patience` steps; it leaves the run healthy."""
+        if not signs:
+            self.saturated_since = None
+            return None
+        if self.saturated_since is None:
+            self.saturated_since = step
+        if step - self.saturated_since + 1 < self.cfg.patience or self.saturation_reported:
+            return None
+        self.saturation_reported = True
+        return CollapseReport(step=step, onset_step=self.saturated_since, reasons=signs, kind="saturation")
+
+    STATE = (
+        "baseline_mixed",
+        "first_scores",
+        "best_score_ema",
+        "score_ema",
+        "bad_since",
+        "reported",
+        "baseline_score",
+        "saturated_since",
+        "saturation_reported",
+    )
 
     def state_dict(self) -> dict:
         """Its windows and counters, as JSON-able values: a resumed run watches on where it stopped."""
@@ -112,7 +166,8 @@ class CollapseMonitor:
 
     def load_state_dict(self, state: dict) -> None:
         for k in self.STATE:
-            setattr(self, k, state[k])
+            if k in state:  # a checkpoint from before saturation was told apart keeps the defaults
+                setattr(self, k, state[k])
 
     @property
     def healthy(self) -> bool:

@@ -110,6 +110,7 @@ class SeedResult:
     )
     sft_only_steps: int = 0
     collapse: str | None = None
+    saturation: str | None = None  # GRPO stopped because its prompts were solved (trainer/collapse.py)
     seconds: dict = field(default_factory=dict)  # wall time per phase, evaluations included
 
 
@@ -334,6 +335,7 @@ def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResu
     trainer.fit()
     res.rl_steps = trainer.global_step
     res.collapse = trainer.collapse.message() if trainer.collapse else None
+    res.saturation = trainer.saturation.message() if trainer.saturation else None
     if trainer.restored_step is not None:
         res.rl_evaluated_step = trainer.restored_step
     lap("grpo")
@@ -409,7 +411,8 @@ def results_table(results: list[SeedResult]) -> Table:
         table.add_row(
             str(r.seed),
             f"{r.start['greedy_acc']:.2f} ({r.start['sampled_acc']:.2f})",
-            f"{r.rl['greedy_acc']:.2f} ({r.rl['sampled_acc']:.2f})" + (" collapse" if r.collapse else ""),
+            f"{r.rl['greedy_acc']:.2f} ({r.rl['sampled_acc']:.2f})"
+            + (" collapse" if r.collapse else " saturated" if r.saturation else ""),
             f"{r.sft_only['greedy_acc']:.2f} ({r.sft_only['sampled_acc']:.2f})",
             f"{100 * (r.rl['greedy_acc'] - r.start['greedy_acc']):+.0f} pts",
             f"{100 * (r.rl['greedy_acc'] - r.sft_only['greedy_acc']):+.0f} pts",
@@ -459,6 +462,8 @@ def run_demo(out: Path, seeds: list[int], plan: DemoPlan | None = None) -> list[
                     f"seed {r.seed}: {r.collapse} (the weights after step {r.rl_evaluated_step} were evaluated)"
                 )
             )
+        if r.saturation:
+            console.print(escape(f"seed {r.seed}: {r.saturation} (GRPO's last weights were evaluated)"))
     slowest = max((s["rl_path_s"] or 0.0) for s in v["per_seed"])
     console.print(
         f"issue 6's bar ({v['bar']}): {'MET' if v['met'] else 'NOT MET'} ({v['seeds']} distinct seed(s), "

@@ -59,6 +59,10 @@ def step_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
         groups[uid].append(s)
     mixed = [len(set(v)) > 1 for v in groups.values()]
     out["critic/groups_with_mixed_scores"] = sum(mixed) / len(mixed)
+    # groups tied at the batch's best score: prompts solved in every sample (no signal either, but
+    # success; the collapse monitor tells this saturation from a collapse by it)
+    best = max(seq_scores.tolist())
+    out["critic/groups_tied_at_best"] = sum(set(v) == {best} for v in groups.values()) / len(groups)
     if "values" in batch:
         out.update(_stats("critic/values", batch["values"][mask]))
         out.update(_stats("critic/returns", batch["returns"][mask]))

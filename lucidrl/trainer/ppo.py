@@ -120,6 +120,7 @@ class PPOTrainer:
         self.data_epoch = 0  # the epoch of the data the last prompt batch came from
         self.monitor = CollapseMonitor(cfg.trainer.collapse)
         self.collapse: CollapseReport | None = None
+        self.saturation: CollapseReport | None = None  # the prompts solved (trainer/collapse.py)
         self.healthy_step = 0  # the step whose weights the kept snapshot holds (keep_last_healthy)
         self.restored_step: int | None = None  # set when the run ended on those weights instead of its last
         self.last_val: dict[str, float] = {}
@@ -290,8 +291,13 @@ class PPOTrainer:
                     self.workers.actor.snapshot_actor()
                 metrics = self.step()
                 collapse = self.monitor.update(self.global_step, metrics)
+                saturation = collapse if collapse is not None and collapse.kind == "saturation" else None
+                if saturation is not None:  # the prompts are solved: stop (or warn), the weights are fine
+                    collapse, self.saturation = None, saturation
+                    metrics["collapse/saturated"] = 1.0
+                    self._report_collapse(saturation)
                 out_of_time = cfg.max_time_s is not None and time.perf_counter() - start >= cfg.max_time_s
-                stop = out_of_time or (collapse is not None and cfg.collapse.action == "stop")
+                stop = out_of_time or ((collapse or saturation) is not None and cfg.collapse.action == "stop")
                 if collapse is not None:
                     self.collapse = collapse
                     metrics["collapse/detected"] = 1.0
@@ -351,6 +357,14 @@ class PPOTrainer:
     def _report_collapse(self, report: CollapseReport) -> None:
         action = self.cfg.trainer.collapse.action
         then = "stopping the run" if action == "stop" else "training on (trainer.collapse.action=warn)"
+        if report.kind == "saturation":
+            if action == "stop":
+                then += " on its last weights (a saturated run has not collapsed: nothing is restored)"
+            self.tracker.console.print(
+                f"[bold yellow]lucidrl: {escape(report.message())}[/bold yellow]; {then}"
+            )
+            (self.run_dir / "SATURATED.txt").write_text(report.message() + "\n")
+            return
         self.tracker.console.print(f"[bold red]lucidrl: {escape(report.message())}[/bold red]; {then}")
         (self.run_dir / "COLLAPSE.txt").write_text(report.message() + "\n")
 
