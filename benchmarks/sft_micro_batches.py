@@ -36,7 +36,7 @@ VARIANTS = {
 
 
 def prepare(work: Path) -> None:
-    """The tiny model and 800 traced rows (2 and 3 people), as the demo builds them."""
+    """The tiny model and 560 traced rows (280 of 2 and of 3 people: 2-person K&K has 285 puzzles)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -44,7 +44,7 @@ def prepare(work: Path) -> None:
     from lucidrl.models import build_tiny_model
     from lucidrl.trainer.demo import kk_tokenizer_corpus
 
-    rows, _ = generate_dataset((2, 3), 800, 0, seed=0, trace=True)
+    rows, _ = generate_dataset((2, 3), 560, 0, seed=0, trace=True)
     for r in rows:
         r["prompt"] = [m for m in r["prompt"] if m["role"] != "system"]
     pq.write_table(pa.Table.from_pylist(rows), work / "train.parquet")

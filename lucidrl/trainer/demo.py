@@ -193,7 +193,7 @@ def sft_config(
     if resume_from is None:
         checkpoints = {"save_freq": plan.max_steps, "max_ckpt_to_keep": 1}  # a save at the last step
     else:
-        # into its own run directory (out/sft_only), so nothing needs emptying
+        # into its own run directory, out/sft_only: a resume may not empty it (run_seed clears it)
         checkpoints = {"resume_mode": "resume_path", "resume_from_path": str(resume_from), "overwrite": False}
     return {
         "model": {"path": model},

@@ -298,8 +298,13 @@ def generate_dataset(
             raise ValueError(
                 f"n_train={n_train}, n_val={n_val} over people {sizes} puts {need} puzzles on {n} people "
                 f"({train_counts[n]} train + {val_counts[n]} val), but only {len(puzzles)} distinct "
-                f"{n}-person puzzles were found ({MAX_STALE_ATTEMPTS} draws in a row gave no new one). "
-                f"Ask for at most {len(puzzles)} {n}-person rows in train and val together (about "
+                f"{n}-person puzzles "
+                + (
+                    "exist. "
+                    if n == 2
+                    else f"were found ({MAX_STALE_ATTEMPTS} draws in a row gave no new one). "
+                )
+                + f"Ask for at most {len(puzzles)} {n}-person rows in train and val together (about "
                 f"{len(puzzles) * len(sizes)} rows over these sizes), or leave {n} out of the people range."
             )
         # Val takes the first puzzles, so the val set stays the same when only n_train changes.
