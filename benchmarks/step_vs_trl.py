@@ -23,7 +23,8 @@ generate, full-sequence forwards, old log-probs recomputed), +decode (lucidrl's 
 (shared-prompt forwards), +reuse (on-policy: old log-probs from the update's own forward, no separate pass), then lucidrl (+ length-sorted,
 padding-trimmed micro-batches); and lucidrl-untuned:
 everything on but started without the glibc allocator settings the `lucidrl` command sets
-(lucidrl/launch.py). TRL runs as plain `python` would start it; --trl-malloc adds TRL runs with the
+(lucidrl/launch.py); and lucidrl-repeat-kv (lucidrl-bf16-repeat-kv with --only): everything on but
+masked grouped-query attention on the CPU, so transformers copies the key/value heads (repeat_kv). TRL runs as plain `python` would start it; --trl-malloc adds TRL runs with the
 same allocator settings (trl-fp32+malloc), to show how much of the gap they are.
 
 TRL is a benchmark dependency only: `pip install -c constraints.txt trl==1.16.0`.
@@ -61,6 +62,11 @@ VARIANTS = {
 # lucidrl's mixed precision: bfloat16 compute over float32 weights (fast where the CPU has AVX-512 BF16
 # or AMX; emulated and slow where it has not, as TRL's bf16=True is)
 PRECISIONS = {"lucidrl-bf16": ["model.compute_dtype=bfloat16"]}
+# everything on but attention's masked GQA on the CPU (lucidrl/models/precision.py: masked_gqa): a
+# user's TRANSFORMERS_SDPA_FORCE_GQA=0 is left alone, so transformers copies each key/value head per
+# query head (repeat_kv) as before
+REPEAT_KV = {"lucidrl-repeat-kv": [], "lucidrl-bf16-repeat-kv": PRECISIONS["lucidrl-bf16"]}
+KIND_ENV = {kind: {"TRANSFORMERS_SDPA_FORCE_GQA": "0"} for kind in REPEAT_KV}
 LR = 1e-5
 
 
@@ -243,7 +249,7 @@ def run_worker(work: Path, kind: str, steps: int, extra: str) -> dict:
     # lucidrl-untuned run as a plain `python` would, unless --trl-malloc gives TRL the same settings
     plain = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV}
     tuned = (kind.startswith(("lucidrl", "+")) and kind != "lucidrl-untuned") or kind.endswith("+malloc")
-    env = tuned_env(plain) if tuned else plain
+    env = {**(tuned_env(plain) if tuned else plain), **KIND_ENV.get(kind, {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**env, "TOKENIZERS_PARALLELISM": "false"})
     if proc.returncode:
         sys.exit(f"{kind} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
@@ -275,7 +281,9 @@ def main() -> None:
     if args.worker:
         work = Path(args.work)
         if args.worker.startswith("lucidrl") or args.worker.startswith("+"):
-            out = worker_lucidrl(work, args.steps, {**VARIANTS, **PRECISIONS}.get(args.worker, []))
+            out = worker_lucidrl(
+                work, args.steps, {**VARIANTS, **PRECISIONS, **REPEAT_KV}.get(args.worker, [])
+            )
         else:
             out = worker_trl(work, args.steps, bf16=args.worker.startswith("trl-bf16"))
         out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -287,7 +295,7 @@ def main() -> None:
     N_PROMPTS = args.prompts
     trl_kinds = {"both": ["trl-fp32", "trl-bf16"], "bf16": ["trl-bf16"], "fp32": ["trl-fp32"]}[args.precision]
     kinds = (
-        (list(VARIANTS) + ["lucidrl-untuned"] if args.ablations else [])
+        (list(VARIANTS) + ["lucidrl-untuned", "lucidrl-repeat-kv"] if args.ablations else [])
         + ["lucidrl"]
         + (["lucidrl-bf16"] if args.precision != "fp32" else [])
         + trl_kinds
@@ -299,6 +307,7 @@ def main() -> None:
             *VARIANTS,
             "lucidrl",
             *PRECISIONS,
+            *REPEAT_KV,
             "lucidrl-untuned",
             "trl-fp32",
             "trl-bf16",

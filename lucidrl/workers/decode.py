@@ -27,6 +27,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 from lucidrl.diagnostics.errors import UserError
+from lucidrl.models.precision import masked_gqa
 from lucidrl.workers.train_state import process_rng_state, set_process_rng_state
 
 # drop finished rows from the cache once this share of the active rows has ended
@@ -399,10 +400,13 @@ def _decode(
     kw = _cache_kwarg(model)
     # the prompt's cache: kept once per prompt (shared) or reserved with room for the responses
     cache = DynamicCache() if shared else reserved_cache(prompts.shape[1] + max_new_tokens)
-    out = model(
-        input_ids=prompts, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
-        **{kw: cache}, **last_logits_only(model),
-    )  # fmt: skip
+    # the prefill's many queries attend under a padding mask: on the CPU without repeat_kv's copies
+    # (precision.masked_gqa); the one-query steps below need no switch for that
+    with masked_gqa() if device.type == "cpu" else contextlib.nullcontext():
+        out = model(
+            input_ids=prompts, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
+            **{kw: cache}, **last_logits_only(model),
+        )  # fmt: skip
     logits = out.logits[:, -1, :].float()
     active = torch.arange(rows, device=device)  # which output row each decoding row belongs to
     prefix = None

@@ -132,7 +132,7 @@ class HFRollout:
                 if per_prompt:
                     chunk = _strip_left_padding(chunk)
                     torch.manual_seed(params.seed + zlib.crc32(str(chunk["uid"][0]).encode()))
-                with compute_context(self.model, self.compute_dtype):
+                with compute_context(self.model, self.compute_dtype, gqa=False):  # decode.py: prefill only
                     resp, lp = self._decode(chunk["prompts"], chunk["prompt_mask"], params)
                 outs.append(resp)
                 logps.append(lp)
