@@ -284,11 +284,12 @@ def test_a_sign_still_building_when_the_run_ends_falls_back_on_the_last_healthy_
     )
 
 
-def _groups(mixed: float, at_best: float, score: float) -> dict[str, float]:
+def _groups(mixed: float, at_best: float, score: float, best: float = 3.0) -> dict[str, float]:
     return {
         "critic/groups_with_mixed_scores": mixed,
         "critic/groups_tied_at_best": at_best,
         "critic/score/mean": score,
+        "critic/score/max": best,
     }
 
 
@@ -312,8 +313,60 @@ def test_groups_tied_at_the_best_score_with_the_score_up_are_saturation_not_coll
     report = _feed(CollapseMonitor(cfg), broken)[4]
     assert report.kind == "collapse" and report.message().startswith("policy collapse detected at step 5")
     # every sample of the batch the same (all tied at "the best") but the score fell: a collapse too
-    fallen = rows + [_groups(0.0, 1.0, -1.0), _groups(0.0, 1.0, -1.0)]
+    fallen = rows + [_groups(0.0, 1.0, -1.0, best=-1.0), _groups(0.0, 1.0, -1.0, best=-1.0)]
     assert _feed(CollapseMonitor(cfg), fallen)[4].kind == "collapse"
+
+
+def test_a_collapse_to_one_formatted_wrong_answer_above_a_weak_start_is_still_a_collapse():
+    """From a review: every sample formatted but wrong ties at the batch's own best (-0.5 in K&K), and
+    from a start below that the score had not fallen: it read as solved prompts."""
+    cfg = CollapseConfig(patience=2, baseline_steps=2, min_mixed_groups_ratio=0.25)
+    weak = [_groups(0.5, 0.0, -1.8, best=3.0), _groups(0.5, 0.0, -1.6, best=-0.5)]
+    wrong = [_groups(0.0, 1.0, -0.5, best=-0.5)] * 2  # best of the run so far: 3.0, at step 1
+    report = _feed(CollapseMonitor(cfg), weak + wrong)[3]
+    assert report is not None and report.kind == "collapse"
+
+
+def test_a_run_flipping_between_solved_and_collapsing_steps_is_stopped_as_a_collapse():
+    cfg = CollapseConfig(patience=3, baseline_steps=2, min_mixed_groups_ratio=0.25)
+    start = [_groups(0.5, 0.2, 1.0), _groups(0.5, 0.2, 1.2)]
+    solved, broken = _groups(0.0, 1.0, 2.9), _groups(0.0, 0.0, 0.8)
+    mon = CollapseMonitor(cfg)
+    out = _feed(mon, [*start, solved, broken, solved, broken])
+    assert out[:5] == [None] * 5 and not mon.healthy  # the solved step 5 does not clear step 4's sign
+    assert out[5].kind == "collapse" and (out[5].step, out[5].onset_step) == (6, 4)
+
+
+def test_saturation_on_resume_and_under_dapo():
+    import json
+
+    cfg = CollapseConfig(patience=2, baseline_steps=2, min_mixed_groups_ratio=0.25, max_score_drop=1.0)
+    start = [_groups(0.5, 0.2, 1.0), _groups(0.5, 0.2, 1.2)]
+    old = CollapseMonitor(cfg)
+    _feed(old, start)
+    state = json.loads(json.dumps(old.state_dict()))
+    for key in ("baseline_score", "best_seen", "saturated_since"):  # a checkpoint of the last release
+        state.pop(key)
+    resumed = CollapseMonitor(cfg)
+    resumed.load_state_dict(state)
+    assert resumed.baseline_score == [1.0, 1.2]  # the first steps' scores, from first_scores
+    out = [resumed.update(step, _groups(0.0, 1.0, 2.9)) for step in (3, 4)]
+    assert out[1] is not None and out[1].kind == "saturation"
+    again = CollapseMonitor(cfg)  # a run resumed after its saturation stop reports it again
+    again.load_state_dict(json.loads(json.dumps(resumed.state_dict())))
+    assert again.update(5, _groups(0.0, 1.0, 2.9)).kind == "saturation"  # its run of solved steps goes on
+
+    def dapo(mixed, at_best, score):
+        return {
+            "critic/groups_with_mixed_scores": 1.0, "critic/groups_tied_at_best": 0.0,
+            "critic/score/mean": 0.5, "critic/score/max": 3.0,
+            "dapo/generated/groups_with_mixed_scores": mixed, "dapo/generated/groups_tied_at_best": at_best,
+            "dapo/generated/score/mean": score, "dapo/generated/score/max": 3.0,
+        }  # fmt: skip
+
+    rows = [dapo(0.5, 0.2, 1.0), dapo(0.5, 0.2, 1.2), dapo(0.05, 0.9, 2.8), dapo(0.0, 1.0, 2.9)]
+    report = _feed(CollapseMonitor(cfg), rows)[3]
+    assert report.kind == "saturation" and "dapo/generated/groups_with_mixed_scores 0.00" in report.message()
 
 
 def test_step_metrics_count_the_groups_tied_at_the_batch_best():

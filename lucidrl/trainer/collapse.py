@@ -10,10 +10,13 @@ with `action: stop`, the trainer stops, reports which sign fired with the number
 memory) as the final model; with `action: warn` it reports once and trains on.
 
 Groups also stop disagreeing when the policy succeeds: every sample of a prompt right. Where the tied
-groups are mostly tied at the batch's best score (`critic/groups_tied_at_best`) and the score is not
-below where the run started, the mixed-groups sign is saturation, not collapse (the demo's GRPO learnt
-its 85 pool puzzles and was stopped as "collapsed" with a score of 2.9 of 3): reported as such
-(`collapse/saturated`), stopping the run with `action: stop` on its own weights, which stay healthy.
+groups are mostly tied at the batch's best score (`critic/groups_tied_at_best`), that best is the best
+score any sample of the run has reached (a batch all formatted-but-wrong ties at its own best too),
+and the score is not below where the run started, the mixed-groups sign is saturation, not collapse
+(the demo's GRPO learnt its 85 pool puzzles and was stopped as "collapsed" at scores of 2.3-2.9 of
+3 in its last steps): reported as such (`collapse/saturated`), stopping the run with `action: stop` on its own weights.
+A saturated step after a collapse sign stays unhealthy and keeps that sign's count going, and a
+collapse sign resets saturation's: a run flipping between the two is stopped as a collapse.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class CollapseMonitor:
         self.cfg = cfg
         self.baseline_mixed: list[float] = []  # mixed-score group fractions of the first steps
         self.baseline_score: list[float] = []  # and those steps' scores (saturation: no worse than them)
+        self.best_seen: float | None = None  # the best score any sample of the run has reached
         self.saturated_since: int | None = None
         self.saturation_reported = False
         self.first_scores: list[float] = []  # scores of the first steps, the EMA's start
@@ -53,6 +57,9 @@ class CollapseMonitor:
         c, signs, saturation = self.cfg, [], []
         score_key = _first_present(m, "dapo/generated/score/mean", "critic/score/mean")
         score = m.get(score_key)
+        best = m.get(_first_present(m, "dapo/generated/score/max", "critic/score/max"))
+        if best is not None:
+            self.best_seen = best if self.best_seen is None else max(self.best_seen, best)
         # per token: actor/entropy is aggregated as the loss is (a sum per sequence under
         # seq-mean-token-sum), so under other modes than token-mean the actor logs a token mean too
         entropy_key = _first_present(m, "actor/entropy_token_mean", "actor/entropy")
@@ -105,14 +112,16 @@ class CollapseMonitor:
     def _solved(self, m: dict[str, float], mixed_key: str, mixed: float, score_key: str, score) -> str:
         """Why the tied groups are solved prompts (", ..."), or "" where they may be a collapse.
 
-        Most tied groups at the batch's best score, and the score no lower than over the first steps.
-        Under DAPO's filter the dropped groups' scores are not logged: its sign stays a collapse sign.
+        Most tied groups at the batch's best score, that score the best of the run so far, and the
+        score no lower than over the first steps. Under DAPO's filter all read what was generated.
         """
-        top = m.get("critic/groups_tied_at_best") if mixed_key == "critic/groups_with_mixed_scores" else None
-        if top is None or score is None or not self.baseline_score:
+        dapo = mixed_key.startswith("dapo/")
+        top = m.get("dapo/generated/groups_tied_at_best" if dapo else "critic/groups_tied_at_best")
+        best = m.get("dapo/generated/score/max" if dapo else "critic/score/max")
+        if top is None or score is None or best is None or not self.baseline_score:
             return ""
         start = sum(self.baseline_score) / len(self.baseline_score)
-        if top < (1 - mixed) / 2 or score < start:
+        if top < (1 - mixed) / 2 or best < self.best_seen or score < start:
             return ""
         return (
             f", but {top:.2f} of the groups scored the batch's best in every sample (critic/groups_tied_at_best) "
@@ -127,8 +136,11 @@ class CollapseMonitor:
             return None
         signs, saturation = self._signs(metrics)
         if not signs:
-            self.bad_since = None
+            # a solved step after a collapse sign is not yet healthy, and that sign's count goes on
+            if not saturation:
+                self.bad_since = None
             return self._saturation(step, saturation)
+        self.saturated_since = None  # a collapse sign ends a run of solved steps
         if self.bad_since is None:
             self.bad_since = step
         if step - self.bad_since + 1 < self.cfg.patience or self.reported:
@@ -146,6 +158,7 @@ class CollapseMonitor:
         if step - self.saturated_since + 1 < self.cfg.patience or self.saturation_reported:
             return None
         self.saturation_reported = True
+        self.bad_since = None
         return CollapseReport(step=step, onset_step=self.saturated_since, reasons=signs, kind="saturation")
 
     STATE = (
@@ -156,9 +169,9 @@ class CollapseMonitor:
         "bad_since",
         "reported",
         "baseline_score",
+        "best_seen",
         "saturated_since",
-        "saturation_reported",
-    )
+    )  # not saturation_reported: a resumed run (with more prompts, or the same) reports it again
 
     def state_dict(self) -> dict:
         """Its windows and counters, as JSON-able values: a resumed run watches on where it stopped."""
@@ -166,8 +179,10 @@ class CollapseMonitor:
 
     def load_state_dict(self, state: dict) -> None:
         for k in self.STATE:
-            if k in state:  # a checkpoint from before saturation was told apart keeps the defaults
+            if k in state:
                 setattr(self, k, state[k])
+        if "baseline_score" not in state:  # from before saturation was told apart: the same steps' scores
+            self.baseline_score = list(state.get("first_scores") or [])
 
     @property
     def healthy(self) -> bool:

@@ -13,7 +13,7 @@ from lucidrl.config import LucidConfig
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer import setup
-from lucidrl.trainer.metrics import timer
+from lucidrl.trainer.metrics import groups_tied_at_best, timer
 from lucidrl.workers.rollout_hf import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -148,12 +148,15 @@ class BatchCollector:
         pool = Batch.concat(align_widths(parts, self.pad_token_id))
         out = pool.slice(0, wanted * n)  # kept groups come first; each group is n consecutive samples
         generated = torch.cat([b["token_level_scores"].sum(-1) for b in kept + tied])
+        generated_uids = [u for b in kept + tied for u in b["uid"]]
         metrics = {
             # what the policy produced, before the filter: the batch trained on holds mixed groups by
             # construction, so its critic/groups_with_mixed_scores and critic/score say little of the
             # policy; the collapse monitor reads these instead
             "dapo/generated/groups_with_mixed_scores": n_kept / (n_kept + dropped),
             "dapo/generated/score/mean": generated.mean().item(),
+            "dapo/generated/score/max": generated.max().item(),
+            "dapo/generated/groups_tied_at_best": groups_tied_at_best(generated, generated_uids),
             "dapo/gen_rounds": float(rounds),
             "dapo/groups_dropped_all_same": float(dropped),
             "dapo/filled_with_tied_groups": float(filled),

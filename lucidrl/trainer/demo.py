@@ -139,6 +139,7 @@ def verdict(results: list[SeedResult]) -> dict:
                 "gain_over_both_points": gain,
                 "beat_both": gain >= BAR_POINTS,
                 "collapsed": r.collapse is not None,
+                "saturated": r.saturation is not None,
                 "rl_path_s": r.seconds.get("rl_path"),
             }
         )

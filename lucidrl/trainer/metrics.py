@@ -38,6 +38,17 @@ def nanmean(values: list[float]) -> float:
     return sum(kept) / len(kept) if kept else float("nan")
 
 
+def groups_tied_at_best(seq_scores: torch.Tensor, uids: list) -> float:
+    """The share of groups (samples of one uid) whose samples all scored the batch's best score:
+    prompts solved in every sample. No signal for GRPO either, but success: the collapse monitor tells
+    this saturation from a collapse by it (with the run's best score so far, trainer/collapse.py)."""
+    groups: dict[str, set[float]] = defaultdict(set)
+    for uid, s in zip(uids, seq_scores.tolist(), strict=True):
+        groups[uid].add(s)
+    best = seq_scores.max().item()
+    return sum(v == {best} for v in groups.values()) / len(groups)
+
+
 def step_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     """Scores, rewards, advantages, values, lengths and reward-function extras of one training batch."""
     mask = batch["response_mask"].bool()
@@ -59,10 +70,7 @@ def step_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
         groups[uid].append(s)
     mixed = [len(set(v)) > 1 for v in groups.values()]
     out["critic/groups_with_mixed_scores"] = sum(mixed) / len(mixed)
-    # groups tied at the batch's best score: prompts solved in every sample (no signal either, but
-    # success; the collapse monitor tells this saturation from a collapse by it)
-    best = max(seq_scores.tolist())
-    out["critic/groups_tied_at_best"] = sum(set(v) == {best} for v in groups.values()) / len(groups)
+    out["critic/groups_tied_at_best"] = groups_tied_at_best(seq_scores, batch["uid"])
     if "values" in batch:
         out.update(_stats("critic/values", batch["values"][mask]))
         out.update(_stats("critic/returns", batch["returns"][mask]))
