@@ -280,3 +280,45 @@ def test_state_space_models_are_refused_by_the_shared_prompt_forward_naming_the_
     )  # fmt: skip
     out = actor.compute_log_prob(batch)
     assert out["old_log_probs"].shape == (4, 6) and torch.isfinite(out["old_log_probs"]).all()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_training_forwards_give_the_same_numbers_with_masked_gqa(name, monkeypatch):
+    """compute_context turns on masked grouped-query attention on the CPU (precision.masked_gqa): the
+    same log-probs and gradients as transformers' repeat_kv path, on every architecture. (The greedy
+    decoding test above already runs the prefill with it, against `model.generate` without it.)"""
+    from lucidrl.models.precision import FORCE_GQA, compute_context
+
+    model, prompts, mask = _model_and_prompts(name)
+    torch.manual_seed(1)
+    responses = torch.randint(3, V, (len(prompts) * N, R))
+    batch = Batch(
+        {
+            "prompts": prompts.repeat_interleave(N, 0),
+            "prompt_mask": mask.repeat_interleave(N, 0),
+            "responses": responses,
+            "response_mask": torch.ones_like(responses),
+        },
+        {"uid": [i // N for i in range(len(responses))]},
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    runs = []
+    for switch in (None, "0"):  # lucidrl's default, then the user's value 0 (transformers copies the heads)
+        if switch is None:
+            monkeypatch.delenv(FORCE_GQA, raising=False)
+        else:
+            monkeypatch.setenv(FORCE_GQA, switch)
+        for share in (False, True):
+            model.zero_grad()
+            with compute_context(model, None):
+                lp, _ = response_log_probs(
+                    model, batch, temperature=1.0, with_entropy=False, share_prompt=share
+                )
+            lp.sum().backward()
+            runs.append(
+                (lp.detach(), [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params])
+            )
+    for (lp, grads), (lp_copied, grads_copied) in zip(runs[:2], runs[2:], strict=True):
+        torch.testing.assert_close(lp, lp_copied, atol=1e-5, rtol=0)
+        for g, g_copied in zip(grads, grads_copied, strict=True):
+            torch.testing.assert_close(g, g_copied, atol=1e-5, rtol=1e-4)
