@@ -84,7 +84,7 @@ class CollapseMonitor:
                         f"{mixed_key} {mixed:.2f} < {c.min_mixed_groups_ratio} x its "
                         f"first-{c.baseline_steps}-step mean {base:.2f} (trainer.collapse.min_mixed_groups_ratio)"
                     )
-                    solved = self._solved(m, mixed_key, mixed, score_key, score)
+                    solved = self._solved(m, mixed_key, mixed, score_key, score, best)
                     (saturation if solved else signs).append(sign + solved)
         if score is not None and c.max_score_drop is not None:
             if len(self.first_scores) < c.baseline_steps:
@@ -109,22 +109,25 @@ class CollapseMonitor:
             signs.append(f"KL to the reference {kl:.4f} > trainer.collapse.max_kl {c.max_kl}")
         return signs, saturation
 
-    def _solved(self, m: dict[str, float], mixed_key: str, mixed: float, score_key: str, score) -> str:
+    def _solved(self, m: dict[str, float], mixed_key: str, mixed: float, score_key: str, score, best) -> str:
         """Why the tied groups are solved prompts (", ..."), or "" where they may be a collapse.
 
         Most tied groups at the batch's best score, that score the best of the run so far, and the
         score no lower than over the first steps. Under DAPO's filter all read what was generated.
         """
-        dapo = mixed_key.startswith("dapo/")
-        top = m.get("dapo/generated/groups_tied_at_best" if dapo else "critic/groups_tied_at_best")
-        best = m.get("dapo/generated/score/max" if dapo else "critic/score/max")
+        top_key = (
+            "dapo/generated/groups_tied_at_best"
+            if mixed_key.startswith("dapo/")
+            else "critic/groups_tied_at_best"
+        )
+        top = m.get(top_key)
         if top is None or score is None or best is None or not self.baseline_score:
             return ""
         start = sum(self.baseline_score) / len(self.baseline_score)
         if top < (1 - mixed) / 2 or best < self.best_seen or score < start:
             return ""
         return (
-            f", but {top:.2f} of the groups scored the batch's best in every sample (critic/groups_tied_at_best) "
+            f", but {top:.2f} of the groups scored the batch's best in every sample ({top_key}) "
             f"and {score_key} {score:.3f} is not below its first-steps mean {start:.3f}: the prompts are "
             "solved, and a group whose samples all score the same has no advantage to learn from (more or "
             "harder prompts give the signal back)"

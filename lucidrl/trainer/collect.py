@@ -13,7 +13,7 @@ from lucidrl.config import LucidConfig
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer import setup
-from lucidrl.trainer.metrics import groups_tied_at_best, timer
+from lucidrl.trainer.metrics import groups_tied_at_best, score_groups, timer
 from lucidrl.workers.rollout_hf import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,9 @@ class BatchCollector:
             "dapo/generated/groups_with_mixed_scores": n_kept / (n_kept + dropped),
             "dapo/generated/score/mean": generated.mean().item(),
             "dapo/generated/score/max": generated.max().item(),
-            "dapo/generated/groups_tied_at_best": groups_tied_at_best(generated, generated_uids),
+            "dapo/generated/groups_tied_at_best": groups_tied_at_best(
+                score_groups(generated, generated_uids)
+            ),
             "dapo/gen_rounds": float(rounds),
             "dapo/groups_dropped_all_same": float(dropped),
             "dapo/filled_with_tied_groups": float(filled),

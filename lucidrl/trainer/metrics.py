@@ -7,6 +7,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -38,15 +39,20 @@ def nanmean(values: list[float]) -> float:
     return sum(kept) / len(kept) if kept else float("nan")
 
 
-def groups_tied_at_best(seq_scores: torch.Tensor, uids: list) -> float:
-    """The share of groups (samples of one uid) whose samples all scored the batch's best score:
-    prompts solved in every sample. No signal for GRPO either, but success: the collapse monitor tells
-    this saturation from a collapse by it (with the run's best score so far, trainer/collapse.py)."""
-    groups: dict[str, set[float]] = defaultdict(set)
+def score_groups(seq_scores: torch.Tensor, uids: list) -> dict[Any, list[float]]:
+    """Each group's (the samples of one uid's) sequence scores."""
+    groups: dict[Any, list[float]] = defaultdict(list)
     for uid, s in zip(uids, seq_scores.tolist(), strict=True):
-        groups[uid].add(s)
-    best = seq_scores.max().item()
-    return sum(v == {best} for v in groups.values()) / len(groups)
+        groups[uid].append(s)
+    return groups
+
+
+def groups_tied_at_best(groups: dict[Any, list[float]]) -> float:
+    """The share of groups whose samples all scored the batch's best score: prompts solved in every
+    sample. No signal for GRPO either, but success: the collapse monitor tells this saturation from a
+    collapse by it (with the run's best score so far, trainer/collapse.py)."""
+    best = max(s for scores in groups.values() for s in scores)
+    return sum(set(v) == {best} for v in groups.values()) / len(groups)
 
 
 def step_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
@@ -65,12 +71,10 @@ def step_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     out["response_length/clip_ratio"] = (resp_len >= max_response_length).float().mean().item()
     out.update(_stats("prompt_length", prompt_len))
     # GRPO learns nothing from a group whose samples all scored the same: watch this fraction
-    groups: dict[str, list[float]] = defaultdict(list)
-    for uid, s in zip(batch["uid"], seq_scores.tolist(), strict=True):
-        groups[uid].append(s)
+    groups = score_groups(seq_scores, batch["uid"])
     mixed = [len(set(v)) > 1 for v in groups.values()]
     out["critic/groups_with_mixed_scores"] = sum(mixed) / len(mixed)
-    out["critic/groups_tied_at_best"] = groups_tied_at_best(seq_scores, batch["uid"])
+    out["critic/groups_tied_at_best"] = groups_tied_at_best(groups)
     if "values" in batch:
         out.update(_stats("critic/values", batch["values"][mask]))
         out.update(_stats("critic/returns", batch["returns"][mask]))
