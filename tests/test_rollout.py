@@ -146,6 +146,45 @@ def test_reserved_cache_layer_returns_what_was_written_and_grows_past_capacity()
     assert torch.equal(cache.layers[0].keys, torch.cat([a, b], dim=2)[1:])
 
 
+def test_reserved_cache_in_a_dtype_converts_each_token_once_when_written():
+    from lucidrl.workers.decode import reserved_cache
+
+    cache = reserved_cache(capacity=4, dtype=torch.float32)
+    a = torch.randn(2, 1, 2, 4, dtype=torch.bfloat16)
+    k, v = cache.update(a, a * 2, 0)
+    assert k.dtype == v.dtype == torch.float32
+    assert torch.equal(k, a.float()) and torch.equal(v, (a * 2).float())
+
+
+def test_decoding_under_bf16_autocast_hands_shared_prefix_attention_a_float32_own_cache(
+    kk_data, tiny_model, tiny_tokenizer, monkeypatch
+):
+    """Under bf16 autocast the value projections come out bf16; the rows' own cache stores them as
+    float32 once, so the attention (which computes in float32) converts nothing per step."""
+    from transformers import AttentionInterface
+
+    from lucidrl.workers import decode
+
+    seen = []
+
+    def spy(module, query, key, value, *args, **kwargs):
+        seen.append((key.dtype, value.dtype))
+        return decode.shared_prefix_attention(module, query, key, value, *args, **kwargs)
+
+    AttentionInterface.register(decode.SHARED_PREFIX_ATTENTION, spy)
+    try:
+        model = load_model(tiny_model["path"]).eval()
+        batch = _prompts(kk_data, tiny_tokenizer, k=2)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            decode.sample_group(
+                model, batch["prompts"], batch["prompt_mask"], n=3, max_new_tokens=6,
+                eos_ids=[tiny_tokenizer.eos_token_id], pad_id=0,
+            )  # fmt: skip
+    finally:
+        AttentionInterface.register(decode.SHARED_PREFIX_ATTENTION, decode.shared_prefix_attention)
+    assert seen and set(seen) == {(torch.float32, torch.float32)}
+
+
 def test_sample_tokens_follows_the_probabilities_and_never_draws_a_zero():
     from lucidrl.workers.decode import sample_tokens
 
