@@ -24,7 +24,9 @@ generate, full-sequence forwards, old log-probs recomputed), +decode (lucidrl's 
 padding-trimmed micro-batches); and lucidrl-untuned:
 everything on but started without the glibc allocator settings the `lucidrl` command sets
 (lucidrl/launch.py); and lucidrl-repeat-kv (lucidrl-bf16-repeat-kv with --only): everything on but
-masked grouped-query attention on the CPU, so transformers copies the key/value heads (repeat_kv). TRL runs as plain `python` would start it; --trl-malloc adds TRL runs with the
+masked grouped-query attention on the CPU, so transformers copies the key/value heads (repeat_kv); and
+lucidrl-bf16-attn-bf16 (with --only): bf16 compute with the SDPA attention left in bfloat16, where
+lucidrl runs it in float32 on CPUs without AMX (lucidrl/models/precision.py: float32_attention). TRL runs as plain `python` would start it; --trl-malloc adds TRL runs with the
 same allocator settings (trl-fp32+malloc), to show how much of the gap they are.
 
 TRL is a benchmark dependency only: `pip install -c constraints.txt trl==1.16.0`.
@@ -66,7 +68,13 @@ PRECISIONS = {"lucidrl-bf16": ["model.compute_dtype=bfloat16"]}
 # user's TRANSFORMERS_SDPA_FORCE_GQA=0 is left alone, so transformers copies each key/value head per
 # query head (repeat_kv) as before
 REPEAT_KV = {"lucidrl-repeat-kv": [], "lucidrl-bf16-repeat-kv": PRECISIONS["lucidrl-bf16"]}
-KIND_ENV = {kind: {"TRANSFORMERS_SDPA_FORCE_GQA": "0"} for kind in REPEAT_KV}
+# bf16 compute with transformers' SDPA attention left in bfloat16 (lucidrl/models/precision.py:
+# float32_attention, on by default on CPUs without AMX)
+ATTN_BF16 = {"lucidrl-bf16-attn-bf16": PRECISIONS["lucidrl-bf16"]}
+KIND_ENV = {
+    **{kind: {"TRANSFORMERS_SDPA_FORCE_GQA": "0"} for kind in REPEAT_KV},
+    **{kind: {"LUCIDRL_CPU_FLOAT32_ATTENTION": "0"} for kind in ATTN_BF16},
+}
 LR = 1e-5
 
 
@@ -282,7 +290,7 @@ def main() -> None:
         work = Path(args.work)
         if args.worker.startswith("lucidrl") or args.worker.startswith("+"):
             out = worker_lucidrl(
-                work, args.steps, {**VARIANTS, **PRECISIONS, **REPEAT_KV}.get(args.worker, [])
+                work, args.steps, {**VARIANTS, **PRECISIONS, **REPEAT_KV, **ATTN_BF16}.get(args.worker, [])
             )
         else:
             out = worker_trl(work, args.steps, bf16=args.worker.startswith("trl-bf16"))
@@ -308,6 +316,7 @@ def main() -> None:
             "lucidrl",
             *PRECISIONS,
             *REPEAT_KV,
+            *ATTN_BF16,
             "lucidrl-untuned",
             "trl-fp32",
             "trl-bf16",

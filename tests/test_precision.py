@@ -134,7 +134,9 @@ def test_training_with_bf16_compute_never_takes_the_rollouts_log_probs(
 ):
     """The rollout's bf16 decode rounds differently from the update's forward: on-policy (one mini-batch)
     the old log-probs are the update's own, with two mini-batches the actor's old-log-prob pass makes
-    them; either way rollout/logprob_diff_max shows the gap."""
+    them; either way rollout/logprob_diff_max shows the gap (float rounding, 5e-7 to 3e-5, where the
+    attention runs in float32 on both sides, precision.float32_attention; ~1e-3 where the update's
+    runs in bf16)."""
     args = [
         *toy_train_args(tmp_path, kk_data, tiny_model),
         "model.compute_dtype=bfloat16",
@@ -154,7 +156,7 @@ def test_training_with_bf16_compute_never_takes_the_rollouts_log_probs(
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for r in records:
         assert ("timing_s/old_log_prob" in r) == (mini_batch == 2), r
-        assert r["rollout/logprob_diff_max"] > 1e-4, r
+        assert r["rollout/logprob_diff_max"] > 0, r  # float rounding apart, never the same numbers
         assert 0 < r["rollout/logprob_diff_mean"] < r["rollout/logprob_diff_max"], r
         assert r["actor/grad_norm"] > 0
         assert (r["actor/ppo_kl"] == 0) == (mini_batch == 4), r  # ratio exactly 1 on-policy

@@ -11,17 +11,20 @@ from float32 on the tiny model), and the rollout's log-probs are never the old o
 come from the actor's own forward: the update's when it is on-policy, else the old-log-prob pass).
 Backward passes run outside it, as PyTorch recommends: autograd replays each op in the dtype its
 forward used. On the CPU that context also turns on `masked_gqa` (attention without copies of the
-key/value heads).
+key/value heads) and, under bf16 compute on CPUs without AMX, `float32_attention` (transformers' SDPA
+attention in float32: PyTorch's CPU flash kernel is slower in bfloat16 than in float32 there).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from collections.abc import Iterator
 
 import torch
 
+from lucidrl.diagnostics.errors import UsageError
 from lucidrl.models.loading import DTYPES
 
 
@@ -51,9 +54,82 @@ def compute_context(model: torch.nn.Module, dtype: torch.dtype | None, gqa: bool
     with contextlib.ExitStack() as stack:
         if dtype is not None:
             stack.enter_context(torch.autocast(device_type=device.type, dtype=dtype))
+            if float32_attention_wanted(device, dtype):
+                stack.enter_context(float32_attention())
         if gqa and device.type == "cpu":
             stack.enter_context(masked_gqa())
         yield
+
+
+# 1: transformers' SDPA attention in float32 under CPU autocast, 0: in the autocast dtype; unset: float32
+# on CPUs without AMX (benchmarks/step_vs_trl.py's lucidrl-bf16-attn-bf16 kind sets 0)
+FLOAT32_ATTENTION = "LUCIDRL_CPU_FLOAT32_ATTENTION"
+
+
+def float32_attention_wanted(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether forwards autocast to `dtype` on `device` run SDPA attention in float32 (float32_attention).
+
+    On the CPU in bfloat16 or float16, without AMX: PyTorch's CPU flash-attention kernel runs faster in
+    float32 than in bfloat16 on CPUs whose bfloat16 is AVX-512 BF16 only (its bfloat16 path packs for
+    AMX tiles). Measured on such a CPU (AMD EPYC, 2 cores; step_vs_trl's update of 512 samples): the
+    response attention's forward and backward 1.2 + 2.6 s in float32 against 1.4 + 3.7 s in bfloat16,
+    the update 12% faster, and the rollout's log-probs twice as close to the update's (decoding
+    attends in float32). On AMX CPUs the bfloat16 kernel is kept (not measured against float32 there).
+    """
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+        return False
+    value = os.environ.get(FLOAT32_ATTENTION)
+    if value is not None:
+        if value not in ("0", "1"):
+            raise UsageError(
+                f"{FLOAT32_ATTENTION}={value!r}: set it to 1 (SDPA attention in float32 under CPU autocast), "
+                "0 (in the autocast dtype), or unset it (float32 on CPUs without AMX)"
+            )
+        return value == "1"
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return not (amx() if amx is not None else False)
+
+
+_FLOAT32_ATTENTION_ON: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "lucidrl_float32_attention", default=False
+)
+_SDPA_BEFORE: list = []  # transformers' own "sdpa" attention function, once ours is registered over it
+
+
+def _sdpa_in_float32(module, query, key, value, attention_mask, *args, **kwargs):
+    """transformers' "sdpa" attention, in float32 inside float32_attention under CPU autocast; the
+    output in the autocast dtype, as autocast's own SDPA returns it. Anywhere else: transformers' own."""
+    sdpa = _SDPA_BEFORE[0]
+    if not (_FLOAT32_ATTENTION_ON.get() and query.device.type == "cpu" and torch.is_autocast_enabled("cpu")):
+        return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
+    low = torch.get_autocast_dtype("cpu")
+    if attention_mask is not None and attention_mask.is_floating_point():
+        attention_mask = attention_mask.float()
+    with torch.autocast("cpu", enabled=False):
+        out, weights = sdpa(
+            module, query.float(), key.float(), value.float(), attention_mask, *args, **kwargs
+        )
+    return out.to(low), weights
+
+
+@contextlib.contextmanager
+def float32_attention() -> Iterator[None]:
+    """Forwards inside run transformers' SDPA attention in float32 under CPU autocast (see
+    float32_attention_wanted); the projections and MLPs stay in the autocast dtype, and autograd
+    replays the attention in float32. lucidrl's function is registered over transformers' "sdpa" the
+    first time and hands every call outside this context to transformers' own unchanged. Models with
+    attention code of their own (not transformers' attention interface) are not affected."""
+    if not _SDPA_BEFORE:
+        from transformers import AttentionInterface
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        _SDPA_BEFORE.append(ALL_ATTENTION_FUNCTIONS._global_mapping["sdpa"])
+        AttentionInterface.register("sdpa", _sdpa_in_float32)
+    token = _FLOAT32_ATTENTION_ON.set(True)
+    try:
+        yield
+    finally:
+        _FLOAT32_ATTENTION_ON.reset(token)
 
 
 # transformers' switch for SDPA's own grouped-query attention (enable_gqa) with a mask
