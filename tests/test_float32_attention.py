@@ -47,7 +47,9 @@ def _forward_backward(model, batch, share_prompt):
 def _fp32_reference(model, batch, share_prompt):
     model.zero_grad(set_to_none=True)
     with compute_context(model, None):
-        lp, _ = response_log_probs(model, batch, temperature=1.0, with_entropy=False, share_prompt=share_prompt)
+        lp, _ = response_log_probs(
+            model, batch, temperature=1.0, with_entropy=False, share_prompt=share_prompt
+        )
     (lp * batch["response_mask"]).sum().backward()
     return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -103,3 +105,31 @@ def test_the_default_follows_amx_and_the_switch_is_validated(monkeypatch):
     monkeypatch.setenv(FLOAT32_ATTENTION, "yes")
     with pytest.raises(UsageError, match=r"LUCIDRL_CPU_FLOAT32_ATTENTION='yes'.*set it to 1"):
         float32_attention_wanted(CPU, torch.bfloat16)
+
+
+def test_the_attention_function_returns_autocasts_dtype_inside_and_transformers_numbers_outside(
+    tiny_model, monkeypatch
+):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from lucidrl.models import load_model
+    from lucidrl.models.precision import _sdpa_in_float32, float32_attention
+
+    attn = load_model(tiny_model["path"]).model.layers[0].self_attn
+    heads, kv, d = attn.config.num_attention_heads, attn.config.num_key_value_heads, attn.head_dim
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, heads, 5, d), torch.randn(2, kv, 5, d), torch.randn(2, kv, 5, d)
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    bias = torch.zeros(2, 1, 5, 5, dtype=torch.bfloat16).masked_fill(~mask, float("-inf"))  # a float mask
+    with float32_attention():  # registers lucidrl's function over transformers' "sdpa"
+        pass
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with float32_attention():
+            out, _ = _sdpa_in_float32(attn, q, k, v, bias, scaling=d**-0.5)
+        plain, _ = _sdpa_in_float32(attn, q, k, v, mask, scaling=d**-0.5)
+        own, _ = sdpa_attention_forward(attn, q, k, v, mask, scaling=d**-0.5)
+    assert out.dtype == plain.dtype == torch.bfloat16  # what autocast's SDPA returns
+    assert torch.equal(plain, own)  # outside the context: transformers' own, unchanged
+    with torch.autocast("cpu", enabled=False):
+        exact, _ = sdpa_attention_forward(attn, q, k, v, mask, scaling=d**-0.5)
+    assert torch.equal(out, exact.to(torch.bfloat16))  # inside: float32 attention, rounded once

@@ -14,7 +14,7 @@ from lucidrl.cli import main
 from lucidrl.config import ConfigError, config_from_dict
 from lucidrl.config.schema import ActorConfig, CriticConfig, OptimConfig, SFTConfig
 from lucidrl.data.dataset import collate, load_prompts
-from lucidrl.models.precision import autocast_dtype, cpu_has_native_bf16
+from lucidrl.models.precision import autocast_dtype, cpu_has_native_bf16, float32_attention_wanted
 from lucidrl.workers.actor import ActorWorker, ReferenceWorker
 from lucidrl.workers.critic import CriticWorker, load_value_model
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
@@ -153,6 +153,8 @@ def test_training_with_bf16_compute_never_takes_the_rollouts_log_probs(
     assert main(args) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert ("emulated, several times slower" in said) == (cpu_has_native_bf16() is False)
+    attention_in_float32 = float32_attention_wanted(torch.device("cpu"), torch.bfloat16)
+    assert ("the attention (transformers' SDPA) runs in float32" in said) == attention_in_float32
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for r in records:
         assert ("timing_s/old_log_prob" in r) == (mini_batch == 2), r

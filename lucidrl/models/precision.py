@@ -69,14 +69,14 @@ FLOAT32_ATTENTION = "LUCIDRL_CPU_FLOAT32_ATTENTION"
 def float32_attention_wanted(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether forwards autocast to `dtype` on `device` run SDPA attention in float32 (float32_attention).
 
-    On the CPU in bfloat16 or float16, without AMX: PyTorch's CPU flash-attention kernel runs faster in
-    float32 than in bfloat16 on CPUs whose bfloat16 is AVX-512 BF16 only (its bfloat16 path packs for
-    AMX tiles). Measured on such a CPU (AMD EPYC, 2 cores; step_vs_trl's update of 512 samples): the
+    On the CPU in bfloat16, without AMX (AVX-512 BF16 only, or AVX2, where bfloat16 is emulated):
+    PyTorch's CPU flash-attention kernel runs faster in float32 than in bfloat16 there (its bfloat16
+    path packs for AMX tiles). Measured on such a CPU (AMD EPYC, 2 cores; step_vs_trl's update of 512 samples): the
     response attention's forward and backward 1.2 + 2.6 s in float32 against 1.4 + 3.7 s in bfloat16,
     the update 12% faster, and the rollout's log-probs twice as close to the update's (decoding
     attends in float32). On AMX CPUs the bfloat16 kernel is kept (not measured against float32 there).
     """
-    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+    if device.type != "cpu" or dtype != torch.bfloat16:
         return False
     value = os.environ.get(FLOAT32_ATTENTION)
     if value is not None:
@@ -86,8 +86,8 @@ def float32_attention_wanted(device: torch.device, dtype: torch.dtype) -> bool:
                 "0 (in the autocast dtype), or unset it (float32 on CPUs without AMX)"
             )
         return value == "1"
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return not (amx() if amx is not None else False)
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private: where it is gone, change nothing
+    return amx is not None and not amx()
 
 
 _FLOAT32_ATTENTION_ON: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -103,12 +103,15 @@ def _sdpa_in_float32(module, query, key, value, attention_mask, *args, **kwargs)
     if not (_FLOAT32_ATTENTION_ON.get() and query.device.type == "cpu" and torch.is_autocast_enabled("cpu")):
         return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
     low = torch.get_autocast_dtype("cpu")
-    if attention_mask is not None and attention_mask.is_floating_point():
-        attention_mask = attention_mask.float()
+
+    def up(x):  # every floating tensor: a float mask, a position bias (Inkling's, bf16 from a Linear)
+        return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
     with torch.autocast("cpu", enabled=False):
         out, weights = sdpa(
-            module, query.float(), key.float(), value.float(), attention_mask, *args, **kwargs
-        )
+            module, up(query), up(key), up(value), up(attention_mask),
+            *(up(a) for a in args), **{k: up(v) for k, v in kwargs.items()},
+        )  # fmt: skip
     return out.to(low), weights
 
 

@@ -16,7 +16,7 @@ from lucidrl.config import LucidConfig, to_dict
 from lucidrl.controller.dispatch import mini_batch_order
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
-from lucidrl.models.precision import autocast_dtype, cpu_has_native_bf16
+from lucidrl.models.precision import autocast_dtype, cpu_has_native_bf16, float32_attention_wanted
 from lucidrl.trainer import checkpoint, setup
 from lucidrl.trainer.collapse import CollapseMonitor, CollapseReport
 from lucidrl.trainer.collect import BatchCollector
@@ -151,6 +151,16 @@ class PPOTrainer:
             lines.append(
                 "model.compute_dtype=bfloat16 on a CPU without AVX-512 BF16 or AMX: its bfloat16 matmuls are "
                 "emulated, several times slower than float32 (benchmarks/mixed_precision.py); use float32 here"
+            )
+        if (
+            self.mixed_precision
+            and cfg.trainer.device == "cpu"
+            and float32_attention_wanted(torch.device("cpu"), torch.bfloat16)
+        ):
+            lines.append(
+                "model.compute_dtype=bfloat16 on the CPU: the attention (transformers' SDPA) runs in float32, "
+                "faster than bfloat16 on CPUs without AMX (README, Speed); LUCIDRL_CPU_FLOAT32_ATTENTION=0 keeps "
+                "it in bfloat16"
             )
         if cfg.rollout.name == "vllm" and (cfg.model.compute_dtype or cfg.model.dtype) == "float32":
             lines.append(

@@ -425,8 +425,9 @@ def _decode(
             slots=active,
             span=prompts.shape[1] + max_new_tokens,
         )
-        # the rows' own tokens, kept in the float32 that shared_prefix_attention computes in
-        cache = reserved_cache(max_new_tokens, torch.float32)
+        # the rows' own tokens; on the CPU kept in the float32 that shared_prefix_attention computes in
+        # (on a GPU a float32 cache of every layer would double the bf16 one: it converts per layer there)
+        cache = reserved_cache(max_new_tokens, torch.float32 if device.type == "cpu" else None)
     elif n > 1:
         cache.batch_repeat_interleave(n)
     if n > 1:
