@@ -282,17 +282,11 @@ def test_state_space_models_are_refused_by_the_shared_prompt_forward_naming_the_
     assert out["old_log_probs"].shape == (4, 6) and torch.isfinite(out["old_log_probs"]).all()
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_training_forwards_give_the_same_numbers_with_masked_gqa(name, monkeypatch):
-    """compute_context turns on masked grouped-query attention on the CPU (precision.masked_gqa): the
-    same log-probs and gradients as transformers' repeat_kv path, on every architecture. (The greedy
-    decoding test above already runs the prefill with it, against `model.generate` without it.)"""
-    from lucidrl.models.precision import FORCE_GQA, compute_context
-
-    model, prompts, mask = _model_and_prompts(name)
+def _training_batch(prompts: torch.Tensor, mask: torch.Tensor) -> Batch:
+    """N random full-length responses per prompt, as the update's forwards get them."""
     torch.manual_seed(1)
     responses = torch.randint(3, V, (len(prompts) * N, R))
-    batch = Batch(
+    return Batch(
         {
             "prompts": prompts.repeat_interleave(N, 0),
             "prompt_mask": mask.repeat_interleave(N, 0),
@@ -301,6 +295,22 @@ def test_training_forwards_give_the_same_numbers_with_masked_gqa(name, monkeypat
         },
         {"uid": [i // N for i in range(len(responses))]},
     )
+
+
+def _grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each parameter's gradient (zeros where it got none)."""
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_training_forwards_give_the_same_numbers_with_masked_gqa(name, monkeypatch):
+    """compute_context turns on masked grouped-query attention on the CPU (precision.masked_gqa): the
+    same log-probs and gradients as transformers' repeat_kv path, on every architecture. (The greedy
+    decoding test above already runs the prefill with it, against `model.generate` without it.)"""
+    from lucidrl.models.precision import FORCE_GQA, compute_context
+
+    model, prompts, mask = _model_and_prompts(name)
+    batch = _training_batch(prompts, mask)
     params = [p for p in model.parameters() if p.requires_grad]
     runs = []
     for switch in (None, "0"):  # lucidrl's default, then the user's value 0 (transformers copies the heads)
@@ -315,9 +325,7 @@ def test_training_forwards_give_the_same_numbers_with_masked_gqa(name, monkeypat
                     model, batch, temperature=1.0, with_entropy=False, share_prompt=share
                 )
             lp.sum().backward()
-            runs.append(
-                (lp.detach(), [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params])
-            )
+            runs.append((lp.detach(), _grads(params)))
     for (lp, grads), (lp_copied, grads_copied) in zip(runs[:2], runs[2:], strict=True):
         torch.testing.assert_close(lp, lp_copied, atol=1e-5, rtol=0)
         for g, g_copied in zip(grads, grads_copied, strict=True):
@@ -348,17 +356,7 @@ def test_bf16_training_forwards_run_with_attention_in_float32_and_in_bf16(name, 
         monkeypatch.setitem(CONFIGS, name, _inkling_position_bias())
     model, prompts, mask = _model_and_prompts(name)
     model.train()
-    torch.manual_seed(1)
-    responses = torch.randint(3, V, (len(prompts) * N, R))
-    batch = Batch(
-        {
-            "prompts": prompts.repeat_interleave(N, 0),
-            "prompt_mask": mask.repeat_interleave(N, 0),
-            "responses": responses,
-            "response_mask": torch.ones_like(responses),
-        },
-        {"uid": [i // N for i in range(len(responses))]},
-    )
+    batch = _training_batch(prompts, mask)
     params = [p for p in model.parameters() if p.requires_grad]
     runs = []
     for switch in ("1", "0"):
@@ -367,7 +365,7 @@ def test_bf16_training_forwards_run_with_attention_in_float32_and_in_bf16(name, 
         with compute_context(model, torch.bfloat16):
             lp, _ = response_log_probs(model, batch, temperature=1.0, with_entropy=False, share_prompt=False)
         lp.sum().backward()
-        grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+        grads = _grads(params)
         assert torch.isfinite(lp).all() and all(torch.isfinite(g).all() for g in grads), switch
         runs.append((lp.detach(), torch.cat([g.flatten() for g in grads])))
     (lp32, g32), (lp16, g16) = runs
@@ -375,7 +373,7 @@ def test_bf16_training_forwards_run_with_attention_in_float32_and_in_bf16(name, 
     with compute_context(model, None):  # float32 compute: what both approximate
         lp_ref, _ = response_log_probs(model, batch, temperature=1.0, with_entropy=False, share_prompt=False)
     lp_ref.sum().backward()
-    g_ref = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+    g_ref = torch.cat([g.flatten() for g in _grads(params)])
     err32, err16 = (lp32 - lp_ref.detach()).abs().mean(), (lp16 - lp_ref.detach()).abs().mean()
     assert err32 < 0.05 and err32 <= 2 * err16 + 1e-3, (err32, err16)
     # gradients about as far from float32 compute's as with the attention in bf16 (GPT-2's are 45%

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from lucidrl.diagnostics.errors import UsageError
 from lucidrl.models.precision import FLOAT32_ATTENTION, compute_context, float32_attention_wanted
 from lucidrl.workers.forward import response_log_probs
+from tests.test_masked_gqa import _log_probs_and_grads
 from tests.test_micro_batches import _rollout_with_varied_lengths
 
 CPU = torch.device("cpu")
@@ -44,16 +45,6 @@ def _forward_backward(model, batch, share_prompt):
     return lp.detach(), grads, kernels.dtypes
 
 
-def _fp32_reference(model, batch, share_prompt):
-    model.zero_grad(set_to_none=True)
-    with compute_context(model, None):
-        lp, _ = response_log_probs(
-            model, batch, temperature=1.0, with_entropy=False, share_prompt=share_prompt
-        )
-    (lp * batch["response_mask"]).sum().backward()
-    return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
 @pytest.mark.parametrize("share_prompt", [False, True])
 def test_bf16_training_forwards_attend_in_float32_where_switched_on(
     kk_data, tiny_model, tiny_tokenizer, monkeypatch, share_prompt
@@ -69,7 +60,7 @@ def test_bf16_training_forwards_attend_in_float32_where_switched_on(
     assert sorted(kernels16) == sorted([("forward", torch.bfloat16), ("backward", torch.bfloat16)] * calls)
     # both are bf16 compute of the same model, as near float32 compute as each other (the
     # projections' bf16 rounding dominates on this model), and not the same numbers
-    lp_ref, grads_ref = _fp32_reference(model, batch, share_prompt)
+    lp_ref, grads_ref = _log_probs_and_grads(model, batch, share_prompt)  # float32 compute
     mask = batch["response_mask"].bool()
     err32 = (lp32 - lp_ref)[mask].abs().mean()
     err16 = (lp16 - lp_ref)[mask].abs().mean()
@@ -107,9 +98,7 @@ def test_the_default_follows_amx_and_the_switch_is_validated(monkeypatch):
         float32_attention_wanted(CPU, torch.bfloat16)
 
 
-def test_the_attention_function_returns_autocasts_dtype_inside_and_transformers_numbers_outside(
-    tiny_model, monkeypatch
-):
+def test_the_attention_function_returns_autocasts_dtype_inside_and_transformers_numbers_outside(tiny_model):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from lucidrl.models import load_model
