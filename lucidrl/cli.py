@@ -270,18 +270,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from lucidrl.diagnostics.errors import UsageError
     from lucidrl.trainer.demo import DemoPlan, run_demo
 
-    plan = DemoPlan()
-    for key in ("labelled", "unlabelled", "sft_s", "rl_s", "hidden", "layers", "renderings"):
+    chosen = {}
+    for key in ("people", "labelled", "unlabelled", "sft_s", "rl_s", "hidden", "layers", "renderings"):
         value = getattr(args, key)
         if value is not None:
             if value <= 0:
                 raise UsageError(f"lucidrl demo: --{key.replace('_s', '-seconds')} must be > 0, got {value}")
-            setattr(plan, key, value)
-    if plan.labelled + plan.unlabelled + plan.val > TWO_PERSON_PUZZLES:
+            chosen[key] = value
+    plan = DemoPlan(**chosen)
+    if plan.people == 2 and plan.labelled + plan.unlabelled + plan.val > TWO_PERSON_PUZZLES:
         raise UsageError(
             f"lucidrl demo: --labelled {plan.labelled} + --unlabelled {plan.unlabelled} + {plan.val} held out "
             f"is more than the {TWO_PERSON_PUZZLES} distinct 2-person puzzles that exist (names, wording and "
-            "the order people are introduced in aside); lower them"
+            "the order people are introduced in aside); lower them, or give --people 3"
         )
     run_demo(Path(args.out), seeds=args.seeds, plan=plan)
     return 0
@@ -300,11 +301,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="outputs/demo", help="where data, models and runs go (default outputs/demo)"
     )
     demo.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run (default 0)")
-    demo.add_argument("--labelled", type=int, help="labelled traces (default 100)")
+    demo.add_argument(
+        "--people",
+        type=int,
+        help="puzzle size, 2 or 3 (default 2: only 285 distinct puzzles; 3: a pool that never repeats)",
+    )
+    demo.add_argument("--labelled", type=int, help="labelled traces (default 100; 200 with --people 3)")
     demo.add_argument(
         "--unlabelled",
         type=int,
-        help="unlabelled puzzles for GRPO (default 85; with --labelled and 100 held out, at most 285 in all)",
+        help="unlabelled puzzles for GRPO (default 85, and with --labelled and 100 held out at most 285 in "
+        "all; 3000 with --people 3)",
     )
     demo.add_argument("--sft-seconds", dest="sft_s", type=float, help="SFT before the branches (default 300)")
     demo.add_argument("--rl-seconds", dest="rl_s", type=float, help="each branch's time (default 360)")
@@ -313,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--renderings",
         type=int,
-        help="each labelled trace under this many sets of names (default 8; 1: as is)",
+        help="each labelled trace under this many sets of names (default 8; 4 with --people 3; 1: as is)",
     )
     demo.set_defaults(fn=_cmd_demo)
 

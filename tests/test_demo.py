@@ -139,3 +139,48 @@ def test_demo_refuses_repeated_seeds_and_too_few_unlabelled_before_any_training(
     assert main(["demo", "--out", str(tmp_path), "--unlabelled", "8"]) == 2
     assert "--unlabelled 8 is fewer than the 16 prompts of one GRPO step" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing was generated or trained
+
+
+def test_a_three_person_plan_takes_its_own_defaults_and_four_people_are_refused(capsys):
+    from lucidrl.diagnostics.errors import UsageError
+    from lucidrl.trainer.demo import PEOPLE_DEFAULTS
+
+    two, three = DemoPlan(), DemoPlan(people=3, labelled=50)
+    assert (two.labelled, two.unlabelled, two.renderings, two.max_new_tokens) == (100, 85, 8, 160)
+    # a pool that never comes round twice, and room for the longest 3-person trace (404 tokens measured)
+    assert (three.labelled, three.unlabelled, three.renderings, three.max_new_tokens) == (50, 3000, 4, 448)
+    assert PEOPLE_DEFAULTS[2]["max_new_tokens"] == 160  # the plan's defaults are not written back
+    with pytest.raises(UsageError, match="--people 4: the demo runs 2- or 3-person puzzles"):
+        DemoPlan(people=4)
+    assert main(["demo", "--people", "4"]) == 2
+    assert "--people 4: the demo runs 2- or 3-person puzzles" in capsys.readouterr().err
+    # the 285-puzzle limit is 2-person K&K's; its error names the way out
+    assert main(["demo", "--labelled", "200", "--unlabelled", "100"]) == 2
+    assert "lower them, or give --people 3" in capsys.readouterr().err
+
+
+def test_three_person_demo_data_split_and_pool_sample(tmp_path):
+    from lucidrl.trainer.demo import POOL_EVAL_MAX, write_data
+
+    plan = DemoPlan(people=3, labelled=6, unlabelled=POOL_EVAL_MAX + 30, val=4, renderings=2)
+    files = write_data(tmp_path, plan, seed=0)
+
+    def infos(name):
+        return pq.read_table(files[name]).column("extra_info").to_pylist()
+
+    labelled, pool, once, val = infos("labelled"), infos("unlabelled"), infos("pool_puzzles"), infos("val")
+    assert {i["n_people"] for i in labelled + pool + once + val} == {3}
+    assert len(labelled) == 12 and len(pool) == POOL_EVAL_MAX + 30 and len(val) == 4
+    # the pool's accuracy is measured on a sample of it: POOL_EVAL_MAX of its puzzles, each once
+    once_statements = [i["statements"] for i in once]
+    assert len(set(once_statements)) == POOL_EVAL_MAX
+    assert set(once_statements) < {i["statements"] for i in pool}
+
+    def keys(rows):
+        return {puzzle_key([from_json(s) for s in json.loads(i["statements"])]) for i in rows}
+
+    parts = [keys(labelled), keys(pool), keys(val)]
+    assert [len(k) for k in parts] == [6, POOL_EVAL_MAX + 30, 4]
+    assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
+    assert "response" in pq.read_table(files["labelled"]).column_names
+    assert "response" not in pq.read_table(files["unlabelled"]).column_names

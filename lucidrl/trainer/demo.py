@@ -2,7 +2,8 @@
 
 Labelled reasoning is scarce, a checker is cheap: can RL turn the checker into accuracy? Per seed:
 
-1. data: 2-person Knights & Knaves puzzles with truth-table traces (`lucidrl data kk --trace`); a few
+1. data: 2-person (or with `people=3`, 3-person) Knights & Knaves puzzles with truth-table traces
+   (`lucidrl data kk --trace`); a few
    hundred rows keep their traces (the labelled set, each puzzle also rendered `renderings - 1` more
    times under fresh names: data/kk/augment.py), the rest of the training pool is used as prompts
    only, scored by the K&K verifier; 100 held-out puzzles for validation;
@@ -60,19 +61,29 @@ def kk_tokenizer_corpus(seed: int = 0, n_puzzles: int = 400) -> Iterator[str]:
         yield "<think>" + row["response"]
 
 
+# per number of people, what the plan defaults to (DemoPlan's fields left at None). 2-person K&K has 285
+# distinct puzzles in all (TWO_PERSON_PUZZLES; 556 if the order people are introduced in counted, but a
+# puzzle and its mirror are one puzzle): 100 held out, and the other 185 split between the labelled set and
+# the RL pool, which GRPO then sees 20-odd times over. 3-person K&K has far more than any run gets
+# through: a pool of 3000 never comes round twice, so what GRPO gains there it cannot gain by recalling
+# answers. A 2-person trace is 60-150 tokens, a 3-person one 60-404 (seeds 0-2, 3400 puzzles each).
+PEOPLE_DEFAULTS = {
+    2: {"labelled": 100, "unlabelled": 85, "renderings": 8, "max_new_tokens": 160},
+    3: {"labelled": 200, "unlabelled": 3000, "renderings": 4, "max_new_tokens": 448},
+}
+
+
 @dataclass
 class DemoPlan:
     """What one seed of the experiment does; the defaults are `make demo`'s."""
 
-    # 2-person K&K has 285 distinct puzzles in all (TWO_PERSON_PUZZLES; 556 if the order people are
-    # introduced in counted, but a puzzle and its mirror are one puzzle): 100 held out, and the other
-    # 185 split between the labelled set and the RL pool
-    labelled: int = 100  # rows that keep their reasoning traces
-    unlabelled: int = 85  # prompts only, for RL
+    people: int = 2  # puzzle size (2 or 3); the fields left at None take PEOPLE_DEFAULTS[people]
+    labelled: int | None = None  # puzzles that keep their reasoning traces
+    unlabelled: int | None = None  # prompts only, for RL
     # each labelled puzzle also rendered with fresh names and sentences (data/kk/augment.py), for both
     # SFT phases: with the 200 traces alone the model copies names it memorised (held-out traces right:
     # 6%, accuracy 0.41, seed 0); with 8 renderings, 28% and 0.70 after the same 5 minutes
-    renderings: int = 8
+    renderings: int | None = None
     pool_renderings: int = 1  # the same for the RL pool's prompts
     val: int = 100
     # SFT on the labelled rows before the branches: the 0.6M model reaches its 200-label plateau
@@ -92,9 +103,24 @@ class DemoPlan:
     rl_lr: float = 1e-4
     rl_warmup: int = 3
     kl_coef: float = 0.02
-    max_new_tokens: int = 160  # a 2-person trace is 60-150 tokens
+    max_new_tokens: int | None = None  # room for the longest trace of `people` (PEOPLE_DEFAULTS)
     eval_k: int = 4
     max_steps: int = 10_000  # the time budgets end the phases; this only bounds them
+
+    def __post_init__(self) -> None:
+        if self.people not in PEOPLE_DEFAULTS:
+            raise UsageError(
+                f"lucidrl demo: --people {self.people}: the demo runs 2- or 3-person puzzles (a 4-person "
+                "trace runs to about 700 tokens, more than a 2-core CPU trains and samples in the time)"
+            )
+        for key, value in PEOPLE_DEFAULTS[self.people].items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+
+
+# the RL pool's accuracy (the table's last column) is measured on at most this many of its puzzles, each
+# once: all of the 2-person pool; a sample of a 3-person pool of thousands, which GRPO does not get through
+POOL_EVAL_MAX = 200
 
 
 @dataclass
@@ -163,14 +189,15 @@ def write_data(out: Path, plan: DemoPlan, seed: int) -> dict[str, str]:
     from lucidrl.data.kk.augment import rerendered_rows
 
     info = write_kk_parquet(
-        out, people=(2, 2), n_train=plan.labelled + plan.unlabelled, n_val=plan.val, seed=seed,
+        out, people=(plan.people, plan.people), n_train=plan.labelled + plan.unlabelled, n_val=plan.val, seed=seed,
         trace=True, system_prompt=False,
     )  # fmt: skip
     table = pq.read_table(info["train"])
     files = {
         "labelled": str(out / "labelled.parquet"),
         "unlabelled": str(out / "unlabelled.parquet"),
-        "pool_puzzles": str(out / "pool_puzzles.parquet"),  # each pool puzzle once, for its accuracy
+        # each pool puzzle once (up to POOL_EVAL_MAX of them), for its accuracy
+        "pool_puzzles": str(out / "pool_puzzles.parquet"),
     }
     labelled = table.slice(0, plan.labelled)
     # the same labelled puzzles under fresh names and sentences: no new label, no new puzzle structure
@@ -178,7 +205,7 @@ def write_data(out: Path, plan: DemoPlan, seed: int) -> dict[str, str]:
     pq.write_table(pa.Table.from_pylist(rows, schema=labelled.schema), files["labelled"])
     # the RL pool: its traces are dropped, so nothing but the verifier's ground truth reaches training
     pool = table.slice(plan.labelled).drop_columns(["response"])
-    pq.write_table(pool, files["pool_puzzles"])
+    pq.write_table(pool.slice(0, POOL_EVAL_MAX), files["pool_puzzles"])
     rows = rerendered_rows(pool.to_pylist(), plan.pool_renderings, f"{seed}-pool", trace=False)
     pq.write_table(pa.Table.from_pylist(rows, schema=pool.schema), files["unlabelled"])
     files["val"] = info["val"]
@@ -281,7 +308,8 @@ def _pool_accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[s
     """Greedy accuracy on the RL pool's puzzles, each once as first written: what GRPO trained on.
 
     Set beside the held-out accuracy, it tells learning the task from learning the pool's answers:
-    2-person K&K has only 285 distinct puzzles, and GRPO sees each pool puzzle many times.
+    2-person K&K has only 285 distinct puzzles, and GRPO sees each pool puzzle many times. A 3-person
+    pool of thousands is measured on its first POOL_EVAL_MAX puzzles, of which GRPO saw some.
     """
     from lucidrl.evaluation import evaluate
 
@@ -310,7 +338,8 @@ def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResu
         out / "model", kk_tokenizer_corpus(seed), hidden_size=plan.hidden, num_layers=plan.layers, seed=seed
     )
     console.print(
-        f"[bold]seed {seed}[/bold]: {plan.labelled} labelled traces (x{plan.renderings} renderings), "
+        f"[bold]seed {seed}[/bold]: {plan.people}-person puzzles, {plan.labelled} labelled traces "
+        f"(x{plan.renderings} renderings), "
         f"{plan.unlabelled} unlabelled puzzles (x{plan.pool_renderings}), {plan.val} held out; "
         f"tiny Qwen2 {model['num_parameters'] / 1e6:.1f}M parameters"
     )
