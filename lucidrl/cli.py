@@ -175,7 +175,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from lucidrl.evaluation import evaluate, results_table
+    from lucidrl.evaluation import evaluate, results_table, truncation_warnings
 
     result = evaluate(
         args.model,
@@ -198,6 +198,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         console.print(results_table(result, data_source))
     seconds = result["seconds"]
     console.print(f"generation: greedy {seconds['greedy']:.1f} s, sampled {seconds['sampled']:.1f} s")
+    for line in truncation_warnings(result):
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}")
     if args.json:
         console.print(f"wrote {escape(str(out))}")
     return 0
@@ -408,7 +410,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", nargs="+", required=True, metavar="FILE", help="parquet file(s) of prompts")
     ev.add_argument("--k", type=int, default=4, help="samples per prompt for sampled accuracy (default 4)")
     ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    ev.add_argument("--max-new-tokens", type=int, default=256, help="response length limit (default 256)")
+    ev.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=256,
+        help="response length limit (default 256; K&K reasoning traces need up to 160 at 2 people, 448 at 3); "
+        "responses cut at it are counted and warned about",
+    )
     ev.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows")
     ev.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON to OUT")
     ev.add_argument("--batch-size", type=int, default=64, help="sequences per generate call (default 64)")

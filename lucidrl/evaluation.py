@@ -58,7 +58,8 @@ def _generate_and_score(
     pad_token_id: int,
     batch_size: int,
 ) -> dict[str, list[Any]]:
-    """Per generated sample (prompt-major, n per prompt): prompt index, data_source, n_people, acc, format, length."""
+    """Per generated sample (prompt-major, n per prompt): prompt index, data_source, n_people, acc, format,
+    length, and whether it was cut at max_new_tokens before an eos."""
     per_sample: dict[str, list[Any]] = defaultdict(list)
     for start in range(0, len(samples), batch_size):
         chunk = samples[start : start + batch_size]
@@ -80,7 +81,13 @@ def _generate_and_score(
         )
         per_sample["format_ok"].extend(extras.get("format_ok", [float("nan")] * n))
         per_sample["trace_ok"].extend(extras.get("trace_ok", [float("nan")] * n))
-        per_sample["length"].extend(float(x) for x in batch["response_mask"].sum(-1).tolist())
+        lengths = batch["response_mask"].sum(-1)
+        per_sample["length"].extend(float(x) for x in lengths.tolist())
+        # no eos within the budget: the response was cut, and a cut trace fails the format rule whatever
+        # it would have said (a response may end exactly at the limit with its eos: not cut)
+        last = batch["responses"].gather(-1, (lengths - 1).clamp(min=0)[:, None]).squeeze(-1)
+        ended = torch.isin(last, torch.tensor(rollout.eos_ids)) & (lengths > 0)
+        per_sample["truncated"].extend(float(x) for x in (~ended).tolist())
     return per_sample
 
 
@@ -105,6 +112,8 @@ def _summarise(per_sample: dict[str, list[Any]], idx: list[int], n: int) -> dict
         "trace_ok": _mean([per_sample["trace_ok"][i] for i in idx]),
         "score": _mean([per_sample["score"][i] for i in idx]),
         "response_length": _mean([per_sample["length"][i] for i in idx]),
+        # cut at max_new_tokens before an eos: scored as format failures (raise --max-new-tokens)
+        "truncated": _mean([per_sample["truncated"][i] for i in idx]),
         "n_samples": len(idx),
     }
 
@@ -121,8 +130,11 @@ def evaluate(
     seed: int = 0,
     prompt_key: str = "prompt",
     reward_function: str | None = None,
+    sampled: bool = True,
 ) -> dict[str, Any]:
     """Generate greedily and k samples per prompt with the model at `model_path`; score; summarise.
+
+    `sampled=False` generates greedily only: no "sampled" entries (a learning curve's points).
 
     `limit` keeps the first rows (K&K files interleave sizes, so every size stays represented);
     `batch_size` counts sequences per `generate` call. Returns::
@@ -132,7 +144,7 @@ def evaluate(
          "data_sources": {ds: {"n_prompts", "n_prompts_by_people": {n_people: count},
                                "greedy":  {"acc", "acc_by_people": {n_people: acc}, "pass_at_1",
                                            "format_ok", "trace_ok", "score", "response_length",
-                                           "n_samples"},
+                                           "truncated", "n_samples"},
                                "sampled": {... "pass_at_<k>" ...}}}}
 
     Means over no values (e.g. format_ok from a reward without that metric) are None. The global torch
@@ -168,12 +180,11 @@ def evaluate(
     rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size)
     path, _, name = (reward_function or "").partition(":")
     reward = RuleRewardManager.from_config(tokenizer, path or None, name or "compute_score")
-    modes = {
-        "greedy": SamplingParams(n=1, do_sample=False, max_new_tokens=max_new_tokens),
-        "sampled": SamplingParams(
+    modes = {"greedy": SamplingParams(n=1, do_sample=False, max_new_tokens=max_new_tokens)}
+    if sampled:
+        modes["sampled"] = SamplingParams(
             n=k, do_sample=True, temperature=temperature, max_new_tokens=max_new_tokens
-        ),
-    }
+        )
     per_mode: dict[str, dict[str, list[Any]]] = {}
     seconds: dict[str, float] = {}
     with torch.random.fork_rng(devices=[]):
@@ -242,10 +253,16 @@ def results_table(result: dict[str, Any], data_source: str) -> Any:
     table.add_column("mode")
     for p in people:
         table.add_column(f"{p} people\n({entry['n_prompts_by_people'][p]})", justify="right")
-    traced = any(entry[mode]["trace_ok"] is not None for mode in MODES)
+    modes = [m for m in MODES if m in entry]
+    traced = any(entry[mode]["trace_ok"] is not None for mode in modes)
+    cut = any(entry[mode]["truncated"] for mode in modes)  # a column only when some response was cut
     for column in ("overall", "pass@k", "format", *(["trace ok"] if traced else []), "length"):
         table.add_column(column, justify="right")
+    if cut:
+        table.add_column("cut", justify="right")
     for mode, label, n in (("greedy", "greedy", 1), ("sampled", f"sampled@{k}", k)):
+        if mode not in entry:
+            continue
         stats = entry[mode]
         cells = [_cell(stats["acc_by_people"].get(p)) for p in people]
         cells += [_cell(stats["acc"]), _cell(stats[f"pass_at_{n}"]), _cell(stats["format_ok"])]
@@ -253,8 +270,25 @@ def results_table(result: dict[str, Any], data_source: str) -> Any:
             cells.append(_cell(stats["trace_ok"]))
         length = stats["response_length"]
         cells.append("-" if length is None else f"{length:.1f}")
+        if cut:
+            cells.append(_cell(stats["truncated"]))
         table.add_row(label, *cells)
     return table
+
+
+def truncation_warnings(result: dict[str, Any]) -> list[str]:
+    """One line per data source and mode whose responses were cut at max_new_tokens before an eos."""
+    lines = []
+    for ds, entry in result["data_sources"].items():
+        for mode in MODES:
+            share = entry.get(mode, {}).get("truncated")
+            if share:
+                lines.append(
+                    f"{ds}: {share:.0%} of the {mode} responses reached --max-new-tokens="
+                    f"{result['max_new_tokens']} without an eos and were scored cut off (a cut reasoning "
+                    "trace fails the format rule); raise --max-new-tokens to score them whole"
+                )
+    return lines
 
 
 def _cell(value: float | None) -> str:

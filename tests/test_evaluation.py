@@ -72,6 +72,7 @@ def test_summary_arithmetic():
         "format_ok": [1.0, 1.0, 1.0, 1.0, 0.0, 0.0],
         "trace_ok": [1.0, 0.0, math.nan, 0.0, math.nan, math.nan],  # NaN: not a trace
         "length": [10.0, 12.0, 14.0, 20.0, 30.0, 40.0],
+        "truncated": [0.0, 0.0, 0.0, 0.0, 1.0, 1.0],
     }
     stats = _summarise(per_sample, list(range(6)), 3)
     assert stats["acc"] == pytest.approx(1 / 6)
@@ -79,6 +80,7 @@ def test_summary_arithmetic():
     assert stats["pass_at_3"] == 0.5 and stats["format_ok"] == pytest.approx(4 / 6)
     assert stats["score"] == pytest.approx(-5 / 6) and stats["response_length"] == 21.0
     assert stats["trace_ok"] == pytest.approx(1 / 3)  # over the 3 traced samples only
+    assert stats["truncated"] == pytest.approx(2 / 6)
     no_format = dict(per_sample, format_ok=[math.nan] * 6)
     assert _summarise(no_format, [0, 1, 2], 3)["format_ok"] is None
     assert _summarise(per_sample, [4, 5], 3)["trace_ok"] is None
@@ -132,11 +134,14 @@ def test_a_source_without_an_acc_metric_keeps_its_score_as_accuracy_in_a_mixed_c
     from lucidrl.workers.rollout_hf import SamplingParams
 
     class Rollout:
+        eos_ids = [9]
+
         def generate(self, chunk, params):
             batch = {
                 "data_source": [s["data_source"] for s in chunk],
                 "extra_info": [{} for _ in chunk],
-                "response_mask": torch.ones(len(chunk), 3),
+                "responses": torch.tensor([[4, 5, 9], [4, 5, 6]]),
+                "response_mask": torch.ones(len(chunk), 3, dtype=torch.long),
             }
             return type("B", (dict,), {"__len__": lambda self: len(chunk)})(batch)
 
@@ -154,6 +159,41 @@ def test_a_source_without_an_acc_metric_keeps_its_score_as_accuracy_in_a_mixed_c
         Rollout(), Reward(), samples, SamplingParams(n=1), pad_token_id=0, batch_size=2
     )
     assert rows["acc"] == [0.0, 1.0]
+    # the second response used its 3 tokens without an eos: cut off
+    assert rows["truncated"] == [0.0, 1.0]
+
+
+def test_responses_cut_at_max_new_tokens_are_counted_and_warned_about(kk_data, tiny_model, tmp_path, capsys):
+    """A 3-person trace runs to ~400 tokens: at eval's default 256 it was scored as a format failure
+    with nothing saying why (found in review)."""
+    import torch
+
+    from lucidrl.data.dataset import collate, load_prompts
+    from lucidrl.evaluation import truncation_warnings
+    from lucidrl.models import load_model, load_tokenizer
+    from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+
+    result = evaluate(tiny_model["path"], [kk_data["val"]], k=1, max_new_tokens=6, seed=0, sampled=False)
+    assert set(result["data_sources"]["kk_logic"]) == {"n_prompts", "n_prompts_by_people", "greedy"}
+    # the share is the greedy responses with no eos in their 6 tokens, counted here from the tokens
+    tok, model = load_tokenizer(tiny_model["path"]), load_model(tiny_model["path"])
+    rollout = HFRollout(model, tok, micro_batch_size=64)
+    samples, _ = load_prompts([kk_data["val"]], tok, max_prompt_length=10**9)
+    out = rollout.generate(
+        collate(samples, tok.pad_token_id), SamplingParams(n=1, do_sample=False, max_new_tokens=6)
+    )
+    ended = torch.isin(out["responses"], torch.tensor(rollout.eos_ids)).any(-1)
+    share = result["data_sources"]["kk_logic"]["greedy"]["truncated"]
+    assert share == pytest.approx(1 - ended.float().mean().item()) and share > 0
+    assert truncation_warnings(result) == [
+        f"kk_logic: {share:.0%} of the greedy responses reached --max-new-tokens=6 without an eos and were "
+        "scored cut off (a cut reasoning trace fails the format rule); raise --max-new-tokens to score them whole"
+    ]
+    assert (
+        main(["eval", tiny_model["path"], "--data", kk_data["val"], "--k", "1", "--max-new-tokens", "6"]) == 0
+    )
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "cut" in printed and "reached --max-new-tokens=6 without an eos" in printed
 
 
 def test_a_custom_reward_function_and_prompt_column_are_used(kk_data, tiny_model, tmp_path):
