@@ -1,8 +1,9 @@
 """GRPO from the same SFT'd model: lucidrl against TRL's GRPOTrainer, held-out accuracy side by side.
 
-The same starting model (the demo's SFT checkpoint), the same unlabelled 2-person K&K prompts, the
-same verifier (lucidrl's Logic-RL K&K reward, called on "<think>" + completion in both), the same
-number of generated samples per step (16 prompts x 8, T=1, <= 160 new tokens), the same update
+The same starting model (the demo's SFT checkpoint), the same unlabelled K&K prompts (2-person, or
+3-person from `lucidrl demo --people 3`), the same verifier (lucidrl's Logic-RL K&K reward, called on
+"<think>" + completion in both), the same number of generated samples per step (16 prompts x 8, T=1,
+<= the demo's own response length: 160 new tokens at 2 people, 448 at 3), the same update
 (one optimizer step per generation batch, lr 1e-4 with a 3-step warm-up, PPO clip 0.2, k3 KL loss
 0.02, token-mean loss, grad clip 1). Every `--eval-every` steps each framework's weights are saved
 and scored by the same evaluator (`lucidrl.evaluation.evaluate`: greedy on the held-out puzzles),
@@ -31,8 +32,26 @@ from pathlib import Path
 
 import torch
 
-N_PROMPTS, N_SAMPLES, MAX_NEW = 16, 8, 160
+N_PROMPTS, N_SAMPLES = 16, 8
+MAX_NEW = 160  # new tokens per response: main() sets the demo's own (DemoPlan.max_new_tokens by puzzle size)
 LR, WARMUP, KL_COEF, CLIP = 1e-4, 3, 0.02, 0.2
+
+
+def response_tokens(demo: Path) -> int:
+    """The demo's room for a response, by the size of its held-out puzzles (demo.PEOPLE_DEFAULTS): a
+    3-person trace cut at the 2-person 160 tokens scores as a format failure in both frameworks."""
+    import pyarrow.parquet as pq
+
+    from lucidrl.trainer.demo import PEOPLE_DEFAULTS
+
+    infos = pq.read_table(demo / "data" / "val.parquet", columns=["extra_info"]).column("extra_info")
+    sizes = sorted({info["n_people"] for info in infos.to_pylist()})
+    if len(sizes) != 1 or sizes[0] not in PEOPLE_DEFAULTS:
+        sys.exit(
+            f"--from-demo {demo}: its held-out puzzles have {sizes} people; give a `lucidrl demo` seed folder "
+            f"(one size: {' or '.join(map(str, PEOPLE_DEFAULTS))} people)"
+        )
+    return PEOPLE_DEFAULTS[sizes[0]]["max_new_tokens"]
 
 
 def greedy_accuracy(model_dir: str, val: str) -> float:
@@ -188,6 +207,8 @@ def main() -> None:
     for need in ("sft/final/config.json", "data/unlabelled.parquet", "data/val.parquet"):
         if not (demo / need).exists():
             sys.exit(f"--from-demo {demo}: no {need}; run `lucidrl demo --out DIR` first and pass DIR/seed0")
+    global MAX_NEW
+    MAX_NEW = response_tokens(demo)
     if args.worker:
         fn = worker_lucidrl if args.worker == "lucidrl" else worker_trl
         print(json.dumps(fn(demo, args.steps, args.eval_every, Path(args.work))))

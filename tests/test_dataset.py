@@ -90,6 +90,17 @@ def test_collate_left_pads_and_loader_is_seeded(kk_data, tiny_tokenizer):
         PromptLoader(samples[:10], 16, 0, shuffle=False, seed=0)
 
 
+def test_loader_drawn_is_the_samples_of_the_first_batches_across_epochs(kk_data, tiny_tokenizer):
+    """What the demo evaluates as the prompts GRPO drew: the batches' own samples, in order, the
+    incomplete last batch of each epoch left out as epoch() leaves it out."""
+    samples, _ = load_prompts([kk_data["train"]], tiny_tokenizer, max_prompt_length=1024)
+    loader = PromptLoader(samples[:10], 4, 0, shuffle=True, seed=3)  # 2 batches an epoch, 2 left out
+    batches = [b["ground_truth"] for e in range(3) for b in loader.epoch(e)]
+    for n in (1, 2, 3, 5):
+        assert [s.ground_truth for s in loader.drawn(n)] == [g for b in batches[:n] for g in b]
+    assert loader.drawn(0) == [] and loader.order(1) != loader.order(0)
+
+
 def test_a_logic_rl_raw_prompt_that_prefills_think_in_the_user_message_is_refused():
     from lucidrl.data.dataset import _check_messages
 

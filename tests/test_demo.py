@@ -30,6 +30,7 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
     plan = DemoPlan(
         labelled=24, unlabelled=16, val=8, sft_s=3, rl_s=3, hidden=64, layers=2,
         sft_batch=8, rl_prompts=4, rl_n=4, max_new_tokens=48, eval_k=2, renderings=2, pool_renderings=2,
+        sft_curve_every=3, rl_curve_every=1,
     )  # fmt: skip
     seed_dir = tmp_path / "seed3"
     # a previous demo's baseline in the folder: the resumed run (which may not empty it) still starts
@@ -74,10 +75,14 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
         assert 0.0 <= acc["greedy_acc"] <= 1.0 and 0.0 <= acc["sampled_format"] <= 1.0
         assert acc["greedy_trace_ok"] is None or 0.0 <= acc["greedy_trace_ok"] <= 1.0
         assert 0.0 <= acc["pool_greedy_acc"] <= 1.0
-    # each of the three models is evaluated on the held-out file and on the 16 pool puzzles, each once
-    pool = str(seed_dir / "data" / "pool_puzzles.parquet")
-    pool_once = pq.read_table(pool).column("extra_info").to_pylist()
+    # each of the three models is evaluated on the held-out file and on the pool puzzles GRPO drew, each
+    # once as first written (pool_puzzles.parquet holds all 16)
+    pool_once = pq.read_table(seed_dir / "data" / "pool_puzzles.parquet").column("extra_info").to_pylist()
     assert len(pool_once) == 16 and {i["statements"] for i in pool_once} == pool_structures
+    pool = str(seed_dir / "data" / "pool_drawn.parquet")
+    drawn = pq.read_table(pool).column("extra_info").to_pylist()
+    assert 1 <= len(drawn) == r.pool_drawn <= 16 and len({i["statements"] for i in drawn}) == len(drawn)
+    assert {json.dumps(i) for i in drawn} <= {json.dumps(i) for i in pool_once}
     for name in ("sft", "grpo", "sft_only"):
         model_path = str(seed_dir / name / "final")
         assert (model_path, [pool], None) in calls
@@ -86,9 +91,34 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
     assert saved["seeds"][0]["rl"] == r.rl and saved["plan"]["labelled"] == 24
     # the verdict is written, and one seed never meets a bar of three
     assert saved["verdict"]["seeds"] == 1 and saved["verdict"]["met"] is False and saved["wall_s"] > 0
-    phases = ("data_and_model", "sft", "start_eval", "grpo", "grpo_eval", "baseline", "baseline_eval")
+    phases = (
+        "data_and_model",
+        "sft",
+        "start_eval",
+        "grpo",
+        "grpo_eval",
+        "baseline",
+        "baseline_eval",
+        "curves",
+    )
     assert all(saved["seeds"][0]["seconds"][k] > 0 for k in phases) and r.sft_steps >= 1
     assert r.seconds["rl_path"] == pytest.approx(sum(r.seconds[k] for k in phases[:5]))
+    # learning curves: each run's checkpoints, every 3 SFT steps and every GRPO step (and the last), in
+    # order; the branches' clocks go on from the SFT phase's, which is its step times summed
+    curves = saved["seeds"][0]["curves"]
+    sft_steps = [*range(3, r.sft_steps + 1, 3)] + ([r.sft_steps] if r.sft_steps % 3 else [])
+    assert [p["step"] for p in curves["sft"]] == sft_steps
+    assert [p["step"] for p in curves["grpo"]] == list(range(1, r.rl_steps + 1))
+    assert [p["step"] for p in curves["sft_only"]][-1] == r.sft_steps + r.sft_only_steps
+    step_s = [json.loads(line)["timing_s/step"] for line in (seed_dir / "sft" / "metrics.jsonl").open()]
+    assert curves["sft"][-1]["train_s"] == pytest.approx(sum(step_s))
+    for name in ("grpo", "sft_only"):
+        times = [p["train_s"] for p in curves[name]]
+        assert times == sorted(times) and times[0] > curves["sft"][-1]["train_s"]
+    for p in [*curves["sft"], *curves["grpo"], *curves["sft_only"]]:
+        assert 0.0 <= p["greedy_acc"] <= 1.0
+    # the last GRPO point is the final model (no collapse in 3 s): the same greedy accuracy
+    assert curves["grpo"][-1]["greedy_acc"] == r.rl["greedy_acc"]
     out = capsys.readouterr().out
     assert "GRPO beat both the start and SFT alone by >= 20 points in" in out and "of 1 seeds" in out
     said = " ".join(out.split())  # rich wraps long lines
@@ -159,7 +189,7 @@ def test_a_three_person_plan_takes_its_own_defaults_and_four_people_are_refused(
     assert "lower them, or give --people 3" in capsys.readouterr().err
 
 
-def test_three_person_demo_data_split_and_pool_sample(tmp_path):
+def test_three_person_demo_data_split(tmp_path):
     from lucidrl.trainer.demo import POOL_EVAL_MAX, write_data
 
     plan = DemoPlan(people=3, labelled=6, unlabelled=POOL_EVAL_MAX + 30, val=4, renderings=2)
@@ -171,10 +201,8 @@ def test_three_person_demo_data_split_and_pool_sample(tmp_path):
     labelled, pool, once, val = infos("labelled"), infos("unlabelled"), infos("pool_puzzles"), infos("val")
     assert {i["n_people"] for i in labelled + pool + once + val} == {3}
     assert len(labelled) == 12 and len(pool) == POOL_EVAL_MAX + 30 and len(val) == 4
-    # the pool's accuracy is measured on a sample of it: POOL_EVAL_MAX of its puzzles, each once
-    once_statements = [i["statements"] for i in once]
-    assert len(set(once_statements)) == POOL_EVAL_MAX
-    assert set(once_statements) < {i["statements"] for i in pool}
+    # every pool puzzle once as first written, for the accuracy on those GRPO draws (write_drawn_pool)
+    assert sorted(i["statements"] for i in once) == sorted(i["statements"] for i in pool)
 
     def keys(rows):
         return {puzzle_key([from_json(s) for s in json.loads(i["statements"])]) for i in rows}
@@ -184,3 +212,23 @@ def test_three_person_demo_data_split_and_pool_sample(tmp_path):
     assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
     assert "response" in pq.read_table(files["labelled"]).column_names
     assert "response" not in pq.read_table(files["unlabelled"]).column_names
+
+
+def test_the_pool_accuracy_is_measured_on_the_first_distinct_puzzles_grpo_drew(tmp_path):
+    from types import SimpleNamespace
+
+    from lucidrl.trainer.demo import POOL_EVAL_MAX, write_data, write_drawn_pool
+
+    plan = DemoPlan(people=3, labelled=2, unlabelled=POOL_EVAL_MAX + 40, val=2, renderings=1)
+    files = write_data(tmp_path, plan, seed=1)
+    pool = pq.read_table(files["pool_puzzles"]).to_pylist()
+    # drawn in another order than the file's, with repeats (a second epoch, or re-rendered copies)
+    picks = [pool[i] for i in [7, 3, 7, 0, *range(10, POOL_EVAL_MAX + 20), 3]]
+    drawn = [SimpleNamespace(extra_info=row["extra_info"]) for row in picks]
+    assert write_drawn_pool(files, drawn) == POOL_EVAL_MAX + 13  # distinct puzzles drawn in all
+    rows = pq.read_table(files["pool_drawn"]).to_pylist()
+    expect = [7, 3, 0, *range(10, POOL_EVAL_MAX + 7)]  # the first POOL_EVAL_MAX distinct ones
+    assert [r["extra_info"]["statements"] for r in rows] == [
+        pool[i]["extra_info"]["statements"] for i in expect
+    ]
+    assert rows[0] == pool[7]  # as first written: prompt, ground truth and all

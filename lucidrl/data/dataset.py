@@ -218,11 +218,26 @@ class PromptLoader:
     def dropped_per_epoch(self) -> int:
         return len(self.samples) % self.batch_size
 
+    def order(self, epoch: int) -> list[int]:
+        """The sample indices in the order `epoch` draws them (its last incomplete batch included)."""
+        if not self.shuffle:
+            return list(range(len(self.samples)))
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(len(self.samples), generator=g).tolist()
+
+    def drawn(self, batches: int) -> list[PromptSample]:
+        """The samples of the first `batches` batches, in the order they were drawn (across epochs)."""
+        out: list[PromptSample] = []
+        epoch = 0
+        while batches > 0:
+            take = min(batches, self.steps_per_epoch)
+            out.extend(self.samples[i] for i in self.order(epoch)[: take * self.batch_size])
+            batches -= take
+            epoch += 1
+        return out
+
     def epoch(self, epoch: int) -> Iterator[Batch]:
-        order = list(range(len(self.samples)))
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + epoch)
-            order = torch.randperm(len(order), generator=g).tolist()
+        order = self.order(epoch)
         for b in range(self.steps_per_epoch):
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]
             offset = (epoch * self.steps_per_epoch + b) * self.batch_size

@@ -15,7 +15,7 @@ Labelled reasoning is scarce, a checker is cheap: can RL turn the checker into a
    b. the baseline: the SFT run resumed (optimizer, schedule, data position) on the same labelled set;
 5. held-out greedy accuracy (and sampled accuracy, k samples at temperature 1, and the share of
    traces right in every step) of the start and of both branches, and their greedy accuracy on the
-   RL pool's own puzzles (learning the task vs learning the pool's answers), printed per seed and
+   RL pool's puzzles GRPO drew (learning the task vs learning the pool's answers), printed per seed and
    written to `demo_results.json`.
 
 The RL user's budget is SFT + RL (`sft_s + rl_s`); the SFT-only baseline gets the same total.
@@ -67,10 +67,15 @@ def kk_tokenizer_corpus(seed: int = 0, n_puzzles: int = 400) -> Iterator[str]:
 # the RL pool, which GRPO then sees 20-odd times over. 3-person K&K has far more than any run gets
 # through: a pool of 3000 never comes round twice, so what GRPO gains there it cannot gain by recalling
 # answers. A 2-person trace is 60-150 tokens, a 3-person one 60-404 (seeds 0-2, 3400 puzzles each).
+# The curve_every fields checkpoint the runs for held-out learning curves, evaluated after the seed: about
+# 5 points per phase at these hosts' speeds (2 people: SFT 0.17-0.4 s a step, GRPO 1.1-4.6 s; 3 people:
+# 0.46 and 5.5 s).
 PEOPLE_DEFAULTS = {
-    2: {"labelled": 100, "unlabelled": 85, "renderings": 8, "max_new_tokens": 160},
-    3: {"labelled": 200, "unlabelled": 3000, "renderings": 4, "max_new_tokens": 448},
-}
+    2: {"labelled": 100, "unlabelled": 85, "renderings": 8, "max_new_tokens": 160, "sft_curve_every": 250,
+        "rl_curve_every": 25},
+    3: {"labelled": 200, "unlabelled": 3000, "renderings": 4, "max_new_tokens": 448, "sft_curve_every": 100,
+        "rl_curve_every": 10},
+}  # fmt: skip
 
 
 @dataclass
@@ -105,6 +110,10 @@ class DemoPlan:
     kl_coef: float = 0.02
     max_new_tokens: int | None = None  # room for the longest trace of `people` (PEOPLE_DEFAULTS)
     eval_k: int = 4
+    # held-out greedy accuracy every this many steps of each run (checkpoints evaluated once the seed's runs
+    # are done, outside their time budgets); 0: no curves
+    sft_curve_every: int | None = None
+    rl_curve_every: int | None = None
     max_steps: int = 10_000  # the time budgets end the phases; this only bounds them
 
     def __post_init__(self) -> None:
@@ -118,8 +127,8 @@ class DemoPlan:
                 setattr(self, key, value)
 
 
-# the RL pool's accuracy (the table's last column) is measured on at most this many of its puzzles, each
-# once: all of the 2-person pool; a sample of a 3-person pool of thousands, which GRPO does not get through
+# the RL pool's accuracy (the table's last column) is measured on the first this many distinct puzzles GRPO
+# drew, each once: all of a 2-person pool; of a 3-person pool of thousands, the first 200 of the ~1000 drawn
 POOL_EVAL_MAX = 200
 
 
@@ -135,9 +144,14 @@ class SeedResult:
         None  # the step whose weights were evaluated, when a collapse restored them
     )
     sft_only_steps: int = 0
+    pool_drawn: int = 0  # distinct pool puzzles GRPO drew (the "on RL prompts" column: up to POOL_EVAL_MAX)
     collapse: str | None = None
     saturation: str | None = None  # GRPO stopped because its prompts were solved (trainer/collapse.py)
     seconds: dict = field(default_factory=dict)  # wall time per phase, evaluations included
+    # held-out greedy accuracy along each run, from its checkpoints: {"sft" | "grpo" | "sft_only": [{"step",
+    # "train_s" (the run's step times summed, SFT alone's counted on from the first phase's), "greedy_acc",
+    # "greedy_trace_ok"}]}
+    curves: dict = field(default_factory=dict)
 
 
 # issue 6's bar: GRPO at least this many points (whole points of held-out greedy accuracy) above both
@@ -196,8 +210,9 @@ def write_data(out: Path, plan: DemoPlan, seed: int) -> dict[str, str]:
     files = {
         "labelled": str(out / "labelled.parquet"),
         "unlabelled": str(out / "unlabelled.parquet"),
-        # each pool puzzle once (up to POOL_EVAL_MAX of them), for its accuracy
+        # each pool puzzle once as first written; those GRPO drew go to pool_drawn.parquet after it
         "pool_puzzles": str(out / "pool_puzzles.parquet"),
+        "pool_drawn": str(out / "pool_drawn.parquet"),
     }
     labelled = table.slice(0, plan.labelled)
     # the same labelled puzzles under fresh names and sentences: no new label, no new puzzle structure
@@ -205,7 +220,7 @@ def write_data(out: Path, plan: DemoPlan, seed: int) -> dict[str, str]:
     pq.write_table(pa.Table.from_pylist(rows, schema=labelled.schema), files["labelled"])
     # the RL pool: its traces are dropped, so nothing but the verifier's ground truth reaches training
     pool = table.slice(plan.labelled).drop_columns(["response"])
-    pq.write_table(pool.slice(0, POOL_EVAL_MAX), files["pool_puzzles"])
+    pq.write_table(pool, files["pool_puzzles"])
     rows = rerendered_rows(pool.to_pylist(), plan.pool_renderings, f"{seed}-pool", trace=False)
     pq.write_table(pa.Table.from_pylist(rows, schema=pool.schema), files["unlabelled"])
     files["val"] = info["val"]
@@ -218,11 +233,12 @@ def sft_config(
 ) -> dict:  # fmt: skip
     """The first SFT phase (checkpointed at its last step), or with `resume_from` the baseline: that
     run continued, with its AdamW moments, LR schedule, data position and RNG."""
-    if resume_from is None:
-        checkpoints = {"save_freq": plan.max_steps, "max_ckpt_to_keep": 1}  # a save at the last step
-    else:
+    # a save at the last step (the baseline resumes it), and one every sft_curve_every steps for the curve
+    every = plan.sft_curve_every or plan.max_steps
+    checkpoints = {"save_freq": every, "max_ckpt_to_keep": None if plan.sft_curve_every else 1}
+    if resume_from is not None:
         # into its own run directory, out/sft_only: a resume may not empty it (run_seed clears it)
-        checkpoints = {"resume_mode": "resume_path", "resume_from_path": str(resume_from), "overwrite": False}
+        checkpoints.update(resume_mode="resume_path", resume_from_path=str(resume_from), overwrite=False)
     return {
         "model": {"path": model},
         "data": {"train_files": [files["labelled"]], "batch_size": plan.sft_batch, "seed": seed},
@@ -271,6 +287,7 @@ def grpo_config(model: str, files: dict, run_dir: Path, plan: DemoPlan, seed: in
             "max_time_s": plan.rl_s,
             "val_before_train": False,
             "seed": seed,
+            "save_freq": plan.rl_curve_every or 0,
             "collapse": {
                 "min_mixed_groups_ratio": 0.25,
                 # a collapse takes the score from ~1.5 to -3 (format and answers lost) within a few
@@ -300,23 +317,59 @@ def _accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[str, f
         "sampled_acc": r["sampled"]["acc"],
         "sampled_format": r["sampled"]["format_ok"],
         "sampled_trace_ok": r["sampled"]["trace_ok"],
-        **_pool_accuracy(path, files, plan, seed),
     }
 
 
+def write_drawn_pool(files: dict, drawn: list) -> int:
+    """pool_drawn.parquet: the first POOL_EVAL_MAX distinct pool puzzles GRPO drew (PromptSamples in draw
+    order), each once as first written; returns how many distinct puzzles it drew in all."""
+    table = pq.read_table(files["pool_puzzles"])
+    row_of = {info["statements"]: i for i, info in enumerate(table.column("extra_info").to_pylist())}
+    order = list(dict.fromkeys(sample.extra_info["statements"] for sample in drawn))
+    pq.write_table(table.take([row_of[s] for s in order[:POOL_EVAL_MAX]]), files["pool_drawn"])
+    return len(order)
+
+
 def _pool_accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[str, float]:
-    """Greedy accuracy on the RL pool's puzzles, each once as first written: what GRPO trained on.
+    """Greedy accuracy on the pool puzzles GRPO drew, each once as first written (pool_drawn.parquet).
 
     Set beside the held-out accuracy, it tells learning the task from learning the pool's answers:
-    2-person K&K has only 285 distinct puzzles, and GRPO sees each pool puzzle many times. A 3-person
-    pool of thousands is measured on its first POOL_EVAL_MAX puzzles, of which GRPO saw some.
+    2-person K&K has only 285 distinct puzzles, and GRPO sees each of its pool's many times; a 3-person
+    pool of thousands is drawn from once each, so there these are prompts GRPO saw one time.
     """
     from lucidrl.evaluation import evaluate
 
     r = evaluate(
-        str(path), [files["pool_puzzles"]], k=1, max_new_tokens=plan.max_new_tokens, seed=seed,
+        str(path), [files["pool_drawn"]], k=1, max_new_tokens=plan.max_new_tokens, seed=seed,
     )["data_sources"]["kk_logic"]["greedy"]  # fmt: skip
     return {"pool_greedy_acc": r["acc"], "pool_greedy_trace_ok": r["trace_ok"]}
+
+
+def learning_curve(run_dir: Path, files: dict, plan: DemoPlan, seed: int, start_s: float = 0.0) -> list[dict]:
+    """Held-out greedy accuracy of each checkpoint a run saved, in step order, with its training time: the
+    run's step times summed (metrics.jsonl's timing_s/step) up to that step, from `start_s`."""
+    from lucidrl.evaluation import evaluate
+
+    step_s: dict[int, float] = {}
+    with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            if "timing_s/step" in record:
+                step_s[int(record["step"])] = record["timing_s/step"]
+    points = []
+    for folder in sorted(
+        (run_dir / "checkpoints").glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])
+    ):
+        step = int(folder.name.rsplit("_", 1)[1])
+        g = evaluate(
+            str(folder / "actor" / "model"), [files["val"]], k=1, max_new_tokens=plan.max_new_tokens,
+            seed=seed, sampled=False,
+        )["data_sources"]["kk_logic"]["greedy"]  # fmt: skip
+        train_s = start_s + sum(t for s, t in step_s.items() if s <= step)
+        points.append(
+            {"step": step, "train_s": train_s, "greedy_acc": g["acc"], "greedy_trace_ok": g["trace_ok"]}
+        )
+    return points
 
 
 def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResult:
@@ -355,7 +408,7 @@ def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResu
     res.sft_steps = sft(model["path"], out / "sft", plan.sft_s)
     lap("sft")
     start_model = out / "sft" / "final"
-    res.start = _accuracy(start_model, files, plan, seed)
+    res.start = _accuracy(start_model, files, plan, seed)  # its pool accuracy once GRPO has drawn
     lap("start_eval")
     console.print(f"  start (SFT checkpoint, {res.sft_steps} steps): {_line(res.start)}")
 
@@ -369,7 +422,18 @@ def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResu
     if trainer.restored_step is not None:
         res.rl_evaluated_step = trainer.restored_step
     lap("grpo")
+    res.pool_drawn = write_drawn_pool(files, trainer.loader.drawn(trainer.batches_drawn))
+    began = time.perf_counter()
+    res.start.update(_pool_accuracy(start_model, files, plan, seed))
+    res.seconds["start_eval"] += time.perf_counter() - began
+    phase["at"] = time.perf_counter()
+    evaluated = min(res.pool_drawn, POOL_EVAL_MAX)
+    console.print(
+        f"  GRPO drew {res.pool_drawn} distinct pool puzzles; the start on {evaluated} of them: greedy "
+        f"{res.start['pool_greedy_acc']:.2f}"
+    )
     res.rl = _accuracy(out / "grpo" / "final", files, plan, seed)
+    res.rl.update(_pool_accuracy(out / "grpo" / "final", files, plan, seed))
     lap("grpo_eval")
     res.seconds["rl_path"] = sum(
         res.seconds[k] for k in ("data_and_model", "sft", "start_eval", "grpo", "grpo_eval")
@@ -395,8 +459,20 @@ def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResu
     res.sft_only_steps = resumed - res.sft_steps
     lap("baseline")
     res.sft_only = _accuracy(out / "sft_only" / "final", files, plan, seed)
+    res.sft_only.update(_pool_accuracy(out / "sft_only" / "final", files, plan, seed))
     lap("baseline_eval")
     console.print(f"  SFT only: {_line(res.sft_only)}")
+    if plan.sft_curve_every or plan.rl_curve_every:
+        console.print("  learning curves: held-out greedy accuracy of each run's checkpoints")
+        res.curves["sft"] = learning_curve(out / "sft", files, plan, seed)
+        sft_s = res.curves["sft"][-1]["train_s"] if res.curves["sft"] else 0.0
+        res.curves["grpo"] = learning_curve(out / "grpo", files, plan, seed, start_s=sft_s)
+        res.curves["sft_only"] = learning_curve(out / "sft_only", files, plan, seed, start_s=sft_s)
+        for name, points in res.curves.items():
+            console.print(
+                f"    {name}: " + ", ".join(f"{p['greedy_acc']:.2f} at {p['train_s']:.0f} s" for p in points)
+            )
+        lap("curves")
     res.seconds["total"] = time.perf_counter() - t0
     return res
 
@@ -413,8 +489,8 @@ def _line(acc: dict[str, float]) -> str:
     return (
         f"greedy accuracy {acc['greedy_acc']:.2f} (format {acc['greedy_format']:.2f}, traces right "
         f"{_share(acc['greedy_trace_ok'])}), sampled {acc['sampled_acc']:.2f} (format "
-        f"{acc['sampled_format']:.2f}, traces right {_share(acc['sampled_trace_ok'])}); on the RL "
-        f"prompts greedy {acc['pool_greedy_acc']:.2f}"
+        f"{acc['sampled_format']:.2f}, traces right {_share(acc['sampled_trace_ok'])})"
+        + (f"; on the RL prompts greedy {acc['pool_greedy_acc']:.2f}" if "pool_greedy_acc" in acc else "")
     )
 
 
@@ -423,7 +499,7 @@ def results_table(results: list[SeedResult]) -> Table:
         title="held-out greedy accuracy (sampled accuracy, k samples at T=1, in brackets)",
         caption=(
             "traces right: % of greedy traces right in every step; on RL prompts: greedy accuracy % on the "
-            "puzzles GRPO trained on (never held out); both as start/GRPO/SFT only"
+            f"puzzles GRPO drew (never held out; the first {POOL_EVAL_MAX} of them); both as start/GRPO/SFT only"
         ),
     )
     for col in (
