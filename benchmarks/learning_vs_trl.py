@@ -57,7 +57,7 @@ def response_tokens(demo: Path) -> int:
 def greedy_accuracy(model_dir: str, val: str) -> float:
     from lucidrl.evaluation import evaluate
 
-    result = evaluate(model_dir, [val], k=1, max_new_tokens=MAX_NEW, seed=0)
+    result = evaluate(model_dir, [val], k=1, max_new_tokens=MAX_NEW, seed=0, sampled=False)
     return result["data_sources"]["kk_logic"]["greedy"]["acc"]
 
 

@@ -285,8 +285,8 @@ def truncation_warnings(result: dict[str, Any]) -> list[str]:
             if share:
                 lines.append(
                     f"{ds}: {share:.0%} of the {mode} responses reached --max-new-tokens="
-                    f"{result['max_new_tokens']} without an eos and were scored cut off (a cut reasoning "
-                    "trace fails the format rule); raise --max-new-tokens to score them whole"
+                    f"{result['max_new_tokens']} without an eos and were scored cut off (a reasoning trace "
+                    "cut before its </answer> fails the format rule); raise --max-new-tokens to score them whole"
                 )
     return lines
 

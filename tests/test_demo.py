@@ -112,9 +112,15 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
     assert [p["step"] for p in curves["sft_only"]][-1] == r.sft_steps + r.sft_only_steps
     step_s = [json.loads(line)["timing_s/step"] for line in (seed_dir / "sft" / "metrics.jsonl").open()]
     assert curves["sft"][-1]["train_s"] == pytest.approx(sum(step_s))
+    sft_total = curves["sft"][-1]["train_s"]
     for name in ("grpo", "sft_only"):
-        times = [p["train_s"] for p in curves[name]]
-        assert times == sorted(times) and times[0] > curves["sft"][-1]["train_s"]
+        own = {}
+        for line in (seed_dir / name / "metrics.jsonl").open():
+            record = json.loads(line)
+            if "timing_s/step" in record:
+                own[record["step"]] = record["timing_s/step"]
+        for p in curves[name]:
+            assert p["train_s"] == pytest.approx(sft_total + sum(t for s, t in own.items() if s <= p["step"]))
     for p in [*curves["sft"], *curves["grpo"], *curves["sft_only"]]:
         assert 0.0 <= p["greedy_acc"] <= 1.0
     # the last GRPO point is the final model (no collapse in 3 s): the same greedy accuracy
@@ -232,3 +238,46 @@ def test_the_pool_accuracy_is_measured_on_the_first_distinct_puzzles_grpo_drew(t
         pool[i]["extra_info"]["statements"] for i in expect
     ]
     assert rows[0] == pool[7]  # as first written: prompt, ground truth and all
+
+
+def test_learning_curve_points_their_times_and_a_restored_end(tmp_path, kk_data, tiny_model, monkeypatch):
+    """Each complete checkpoint once (a killed save's .tmp left out), at its run's summed step times; a run
+    that ended on restored weights has them as its point at the step they hold, and its last checkpoint
+    (saved after the restore, under the last step's number) is left out (found in review)."""
+    import shutil
+
+    import lucidrl.evaluation
+    from lucidrl.trainer.demo import learning_curve
+
+    run = tmp_path / "grpo"
+    for name in ("global_step_2", "global_step_4", "global_step_6", "global_step_8.tmp"):
+        shutil.copytree(tiny_model["path"], run / "checkpoints" / name / "actor" / "model")
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "timing_s/step": 1.0 + s}) + "\n" for s in range(1, 7))
+    )
+    evaluated = []
+    real = lucidrl.evaluation.evaluate
+
+    def spy(path, files, **kw):
+        evaluated.append(path.split("/")[-3])
+        return real(path, files, **kw)
+
+    monkeypatch.setattr(lucidrl.evaluation, "evaluate", spy)
+    plan = DemoPlan(max_new_tokens=8)
+    files = {"val": kk_data["val"]}
+    points = learning_curve(run, files, plan, seed=0, start_s=100.0)
+    assert [p["step"] for p in points] == [2, 4, 6] and evaluated == [
+        "global_step_2",
+        "global_step_4",
+        "global_step_6",
+    ]
+    assert [p["train_s"] for p in points] == [100 + 2 + 3, 100 + 2 + 3 + 4 + 5, 100 + 2 + 3 + 4 + 5 + 6 + 7]
+    evaluated.clear()
+    final = {"step": 3, "greedy_acc": 0.5, "greedy_trace_ok": None}
+    points = learning_curve(run, files, plan, seed=0, start_s=100.0, restored=final)
+    assert evaluated == ["global_step_2", "global_step_4"]  # the last one holds step 3's weights
+    assert [p["step"] for p in points] == [2, 3, 4] and points[1] == {
+        **final,
+        "train_s": 109.0,
+        "restored": True,
+    }

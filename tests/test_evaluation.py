@@ -187,7 +187,8 @@ def test_responses_cut_at_max_new_tokens_are_counted_and_warned_about(kk_data, t
     assert share == pytest.approx(1 - ended.float().mean().item()) and share > 0
     assert truncation_warnings(result) == [
         f"kk_logic: {share:.0%} of the greedy responses reached --max-new-tokens=6 without an eos and were "
-        "scored cut off (a cut reasoning trace fails the format rule); raise --max-new-tokens to score them whole"
+        "scored cut off (a reasoning trace cut before its </answer> fails the format rule); raise "
+        "--max-new-tokens to score them whole"
     ]
     assert (
         main(["eval", tiny_model["path"], "--data", kk_data["val"], "--k", "1", "--max-new-tokens", "6"]) == 0

@@ -168,3 +168,34 @@ def test_a_run_that_raises_stops_its_workers(tmp_path, kk_data, tiny_model):
     with pytest.raises(RewardFunctionError, match="raised OSError: down"):
         trainer.fit()
     assert stopped == [True]
+
+
+@pytest.mark.slow
+def test_loader_drawn_is_what_the_trainer_generated_from_across_epochs(
+    tmp_path, kk_data, tiny_model, monkeypatch
+):
+    """The demo measures GRPO's pool accuracy on PromptLoader.drawn(trainer.batches_drawn): it must be
+    the prompts the run's steps generated from, in order, over epoch boundaries (32 prompts, 12 a step:
+    2 steps an epoch, 8 prompts left out of each)."""
+    from lucidrl.config import load_config
+    from lucidrl.trainer.ppo import PPOTrainer
+    from lucidrl.workers.rollout_hf import HFRollout
+
+    seen, generate = [], HFRollout.generate
+
+    def spy(self, batch, params):
+        seen.extend(batch["ground_truth"])
+        return generate(self, batch, params)
+
+    monkeypatch.setattr(HFRollout, "generate", spy)
+    config = _config(
+        tmp_path, kk_data, tiny_model,
+        data={"train_batch_size": 12, "val_files": []},
+        actor={"ppo_mini_batch_size": 12, "ppo_micro_batch_size": 16},
+        trainer={"total_training_steps": 5, "test_freq": 0},
+    )  # fmt: skip
+    trainer = PPOTrainer(load_config(str(config)))
+    trainer.fit()
+    assert trainer.batches_drawn == 5 and trainer.data_epoch == 2
+    drawn = [s.ground_truth for s in trainer.loader.drawn(trainer.batches_drawn)]
+    assert len(seen) == 60 and drawn == seen

@@ -237,6 +237,12 @@ def _step_folders(root: Path) -> list[Path]:
     return [p for p in root.glob(PREFIX + "*") if p.is_dir() and p.name.removeprefix(PREFIX).isdigit()]
 
 
+def saved_steps(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of each complete checkpoint of a run, in step order (none: [])."""
+    root = checkpoints_dir(Path(run_dir))
+    return sorted((_step_of(p), p) for p in _step_folders(root)) if root.is_dir() else []
+
+
 def _step_of(path: Path) -> int:
     return int(path.name.removeprefix(PREFIX))
 

@@ -340,36 +340,55 @@ def _pool_accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[s
     from lucidrl.evaluation import evaluate
 
     r = evaluate(
-        str(path), [files["pool_drawn"]], k=1, max_new_tokens=plan.max_new_tokens, seed=seed,
+        str(path), [files["pool_drawn"]], k=1, max_new_tokens=plan.max_new_tokens, seed=seed, sampled=False,
     )["data_sources"]["kk_logic"]["greedy"]  # fmt: skip
     return {"pool_greedy_acc": r["acc"], "pool_greedy_trace_ok": r["trace_ok"]}
 
 
-def learning_curve(run_dir: Path, files: dict, plan: DemoPlan, seed: int, start_s: float = 0.0) -> list[dict]:
-    """Held-out greedy accuracy of each checkpoint a run saved, in step order, with its training time: the
-    run's step times summed (metrics.jsonl's timing_s/step) up to that step, from `start_s`."""
-    from lucidrl.evaluation import evaluate
-
-    step_s: dict[int, float] = {}
+def step_seconds(run_dir: Path) -> dict[int, float]:
+    """Each step's time (metrics.jsonl's timing_s/step) of a run."""
+    out = {}
     with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
         for line in f:
             record = json.loads(line)
             if "timing_s/step" in record:
-                step_s[int(record["step"])] = record["timing_s/step"]
+                out[int(record["step"])] = record["timing_s/step"]
+    return out
+
+
+def learning_curve(
+    run_dir: Path, files: dict, plan: DemoPlan, seed: int, start_s: float = 0.0, restored: dict | None = None
+) -> list[dict]:
+    """Held-out greedy accuracy of each checkpoint a run saved, in step order, with its training time: the
+    run's step times summed up to that step, from `start_s` (checkpoint saves, ~0.1 s, are not counted).
+
+    `restored`, for a GRPO run that ended on earlier weights (collapse detection's keep_last_healthy):
+    {"step", "greedy_acc", "greedy_trace_ok"} of its final model. Its last checkpoint holds those
+    weights, not its step's, so it is left out, and the final model is the point at the step it holds.
+    """
+    from lucidrl.evaluation import evaluate
+    from lucidrl.trainer.checkpoint import saved_steps
+
+    step_s = step_seconds(run_dir)
+
+    def train_s(step: int) -> float:
+        return start_s + sum(t for s, t in step_s.items() if s <= step)
+
+    saved = saved_steps(run_dir)
+    if restored is not None:
+        saved = [(step, p) for step, p in saved if step != max(step_s) and step != restored["step"]]
     points = []
-    for folder in sorted(
-        (run_dir / "checkpoints").glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])
-    ):
-        step = int(folder.name.rsplit("_", 1)[1])
+    for step, folder in saved:
         g = evaluate(
             str(folder / "actor" / "model"), [files["val"]], k=1, max_new_tokens=plan.max_new_tokens,
             seed=seed, sampled=False,
         )["data_sources"]["kk_logic"]["greedy"]  # fmt: skip
-        train_s = start_s + sum(t for s, t in step_s.items() if s <= step)
         points.append(
-            {"step": step, "train_s": train_s, "greedy_acc": g["acc"], "greedy_trace_ok": g["trace_ok"]}
+            {"step": step, "train_s": train_s(step), "greedy_acc": g["acc"], "greedy_trace_ok": g["trace_ok"]}
         )
-    return points
+    if restored is not None:
+        points.append({**restored, "train_s": train_s(restored["step"]), "restored": True})
+    return sorted(points, key=lambda p: p["step"])
 
 
 def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResult:
@@ -466,11 +485,22 @@ def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResu
         console.print("  learning curves: held-out greedy accuracy of each run's checkpoints")
         res.curves["sft"] = learning_curve(out / "sft", files, plan, seed)
         sft_s = res.curves["sft"][-1]["train_s"] if res.curves["sft"] else 0.0
-        res.curves["grpo"] = learning_curve(out / "grpo", files, plan, seed, start_s=sft_s)
+        restored = None
+        if res.rl_evaluated_step is not None:
+            restored = {
+                "step": res.rl_evaluated_step,
+                **{k: res.rl[k] for k in ("greedy_acc", "greedy_trace_ok")},
+            }
+        res.curves["grpo"] = learning_curve(out / "grpo", files, plan, seed, start_s=sft_s, restored=restored)
         res.curves["sft_only"] = learning_curve(out / "sft_only", files, plan, seed, start_s=sft_s)
         for name, points in res.curves.items():
             console.print(
-                f"    {name}: " + ", ".join(f"{p['greedy_acc']:.2f} at {p['train_s']:.0f} s" for p in points)
+                f"    {name}: "
+                + ", ".join(
+                    f"{p['greedy_acc']:.2f} at {p['train_s']:.0f} s"
+                    + (" (restored)" if p.get("restored") else "")
+                    for p in points
+                )
             )
         lap("curves")
     res.seconds["total"] = time.perf_counter() - t0
