@@ -83,10 +83,10 @@ def _generate_and_score(
         per_sample["trace_ok"].extend(extras.get("trace_ok", [float("nan")] * n))
         lengths = batch["response_mask"].sum(-1)
         per_sample["length"].extend(float(x) for x in lengths.tolist())
-        # no eos within the budget: the response was cut, and a cut trace fails the format rule whatever
-        # it would have said (a response may end exactly at the limit with its eos: not cut)
-        last = batch["responses"].gather(-1, (lengths - 1).clamp(min=0)[:, None]).squeeze(-1)
-        ended = torch.isin(last, torch.tensor(rollout.eos_ids)) & (lengths > 0)
+        # no eos within the budget: the response was cut (one that ends exactly at the limit with its eos
+        # was not); every response holds at least one token, the mask taking in the first eos
+        last = batch["responses"].gather(-1, (lengths - 1)[:, None]).squeeze(-1)
+        ended = torch.isin(last, torch.tensor(rollout.eos_ids))
         per_sample["truncated"].extend(float(x) for x in (~ended).tolist())
     return per_sample
 

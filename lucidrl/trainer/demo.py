@@ -345,17 +345,6 @@ def _pool_accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[s
     return {"pool_greedy_acc": r["acc"], "pool_greedy_trace_ok": r["trace_ok"]}
 
 
-def step_seconds(run_dir: Path) -> dict[int, float]:
-    """Each step's time (metrics.jsonl's timing_s/step) of a run."""
-    out = {}
-    with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
-        for line in f:
-            record = json.loads(line)
-            if "timing_s/step" in record:
-                out[int(record["step"])] = record["timing_s/step"]
-    return out
-
-
 def learning_curve(
     run_dir: Path, files: dict, plan: DemoPlan, seed: int, start_s: float = 0.0, restored: dict | None = None
 ) -> list[dict]:
@@ -367,9 +356,10 @@ def learning_curve(
     weights, not its step's, so it is left out, and the final model is the point at the step it holds.
     """
     from lucidrl.evaluation import evaluate
+    from lucidrl.report import read_metrics
     from lucidrl.trainer.checkpoint import saved_steps
 
-    step_s = step_seconds(run_dir)
+    step_s = dict(read_metrics(run_dir / "metrics.jsonl").series.get("timing_s/step", []))
 
     def train_s(step: int) -> float:
         return start_s + sum(t for s, t in step_s.items() if s <= step)
