@@ -11,8 +11,9 @@ to 128 new tokens. The variants are cumulative, each adds one change to the one 
     +inverse CDF       sampling by one uniform draw per row (decode.sample_tokens)
     +shared prefix     the prompt's cache held and attended to once per prompt, its scores scaled and
                        masked after the matmul (as of the previous release)
-    +bias in matmul    the queries scaled before, the padding mask added by the matmul (baddbmm) =
-                       lucidrl now
+    +bias in matmul    the queries scaled before, the padding mask added by the matmul (baddbmm)
+    +system prompt once  the tokens every prompt starts with (chat template and system prompt: 159 of
+                       206-251 here) prefilled once, not once per prompt (decode._prefill) = lucidrl now
 
 Printed: seconds for the 512 samples, generated tokens/s, the speed-up over lucidrl/64 and the share
 of the decode roofline (step_vs_trl's measured fp32 matmul rate over 2 x parameters FLOPs per token, attention
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 N_SAMPLES, MAX_NEW = 8, 128
-VARIANTS = ["transformers/64", "lucidrl/64", "+one call", "+inverse CDF", "+shared prefix", "+bias in matmul"]
+VARIANTS = ["transformers/64", "lucidrl/64", "+one call", "+inverse CDF", "+shared prefix", "+bias in matmul", "+system prompt once"]
 
 
 def multinomial(probs: torch.Tensor) -> torch.Tensor:
@@ -114,7 +115,7 @@ def main() -> None:
     )
     from transformers import AttentionInterface
 
-    shared_ok, sample_tokens = decode._can_share_prefix, decode.sample_tokens
+    shared_ok, sample_tokens, min_common = decode._can_share_prefix, decode.sample_tokens, decode.MIN_COMMON_PREFIX
 
     def attention(fn) -> None:
         AttentionInterface.register(decode.SHARED_PREFIX_ATTENTION, fn)
@@ -129,14 +130,16 @@ def main() -> None:
         loop = "transformers" if level == 0 else "lucidrl"
         rollout = HFRollout(model, tok, micro_batch_size=64 if level <= 1 else rows, decode_loop=loop)
         decode.sample_tokens = sample_tokens if level >= 3 else multinomial  # type: ignore[assignment]
-        decode._can_share_prefix = shared_ok if level >= 4 else (lambda m: False)  # type: ignore[assignment]
+        decode._can_share_prefix = shared_ok if level >= 4 else (lambda m, span: False)  # type: ignore[assignment]
         attention(decode.shared_prefix_attention if level >= 5 else masked_after_matmul)
+        decode.MIN_COMMON_PREFIX = min_common if level >= 6 else 10**9
         try:
             start = time.perf_counter()
             out = rollout.generate(which, sampling)
             return time.perf_counter() - start, int(out["response_mask"].sum())
         finally:
             decode._can_share_prefix, decode.sample_tokens = shared_ok, sample_tokens
+            decode.MIN_COMMON_PREFIX = min_common
             attention(decode.shared_prefix_attention)
 
     for name in names:  # warm-up

@@ -23,7 +23,8 @@ import transformers as T
 
 from lucidrl.batch import Batch
 from lucidrl.cli import main
-from lucidrl.workers.decode import sample_group
+from lucidrl.workers import decode
+from lucidrl.workers.decode import MIN_COMMON_PREFIX, _can_share_prefix, sample_group
 from lucidrl.workers.forward import response_log_probs
 from lucidrl.workers.rollout_hf import response_mask_from_ids
 
@@ -82,32 +83,51 @@ CONFIGS = {name: (config, cls) for name, config, cls in _configs()}
 N, R = 3, 10
 
 
-def _model_and_prompts(name: str):
+def _model_and_prompts(name: str, common: int = 0):
+    """Three left-padded prompts; with `common`, all three start with the same `common` tokens (a
+    system prompt: decoding then prefills it once, decode._prefill)."""
     config, cls = CONFIGS[name]
     torch.manual_seed(0)
     model = cls(config).eval()
-    lengths = [5, 9, 7]  # left-padded to 9
+    shared = torch.randint(3, V, (common,))
+    lengths = [common + k for k in (5, 9, 7)]  # left-padded to the longest
     width = max(lengths)
     prompts = torch.full((len(lengths), width), PAD, dtype=torch.long)
     mask = torch.zeros((len(lengths), width), dtype=torch.long)
     for i, length in enumerate(lengths):
-        prompts[i, width - length :] = torch.randint(3, V, (length,))
+        prompts[i, width - length :] = torch.cat([shared, torch.randint(3, V, (length - common,))])
         mask[i, width - length :] = 1
     return model, prompts, mask
+
+
+# prompts without and with a shared system prompt long enough to be prefilled once
+COMMON_PREFIXES = [0, MIN_COMMON_PREFIX + 4]
 
 
 def _decode(model, prompts, mask, n: int, **kwargs):
     return sample_group(model, prompts, mask, n=n, max_new_tokens=R, eos_ids=[EOS], pad_id=PAD, **kwargs)
 
 
+@pytest.mark.parametrize("common", COMMON_PREFIXES)
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_greedy_decoding_gives_transformers_generate_tokens(name):
-    model, prompts, mask = _model_and_prompts(name)
+def test_greedy_decoding_gives_transformers_generate_tokens(name, common):
+    model, prompts, mask = _model_and_prompts(name, common)
     expected = model.generate(
         input_ids=prompts, attention_mask=mask, max_new_tokens=R, do_sample=False, eos_token_id=EOS,
         pad_token_id=PAD,
     )[:, prompts.shape[1] :]  # fmt: skip
+    decode._NO_SHARED_PREFIX.discard(type(model))  # each case learns GPT-OSS's refusal anew
+    # the shared system prompt is prefilled once (a forward of one row) for models whose every layer
+    # attends to all earlier tokens; sliding-window and chunked ones prefill every prompt whole
+    once = bool(common) and _can_share_prefix(model, prompts.shape[1] + R)
+    assert once or not common or name in ("mistral-sliding", "gemma2", "llama4-chunked", "gpt_oss-sinks")
+    shapes = []
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     one, _ = _decode(model, prompts, mask, 1, do_sample=False)
+    hook.remove()
+    assert shapes[0] == ((1, common) if once else tuple(prompts.shape))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         group, _ = _decode(model, prompts, mask, N, do_sample=False)
@@ -124,9 +144,10 @@ def test_greedy_decoding_gives_transformers_generate_tokens(name):
         assert not fallback
 
 
+@pytest.mark.parametrize("common", COMMON_PREFIXES)
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_sampling_log_probs_and_shared_prompt_forward_match_the_full_forward(name):
-    model, prompts, mask = _model_and_prompts(name)
+def test_sampling_log_probs_and_shared_prompt_forward_match_the_full_forward(name, common):
+    model, prompts, mask = _model_and_prompts(name, common)
     torch.manual_seed(1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # mistral-sliding's fallback warning: tested above

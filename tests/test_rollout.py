@@ -99,7 +99,7 @@ def test_decoding_stops_when_the_last_row_has_ended_not_when_all_end_at_once(
 ):
     """Before, a row counted as finished only at the step it emitted its eos: unless every row ended at
     the same step (or a quarter of them did), decoding ran on to max_new_tokens."""
-    from lucidrl.workers.decode import sample_group
+    from lucidrl.workers.decode import MIN_COMMON_PREFIX, common_prefix_length, sample_group
 
     model = load_model(tiny_model["path"])
     eos = tiny_tokenizer.eos_token_id
@@ -118,9 +118,11 @@ def test_decoding_stops_when_the_last_row_has_ended_not_when_all_end_at_once(
     assert is_eos.any(-1).all()  # every row ended
     first = is_eos.float().argmax(-1)
     assert len(set(first.tolist())) >= 4  # at scattered steps
-    # one prefill, then a forward per further token, up to the last row's eos, and no further
+    # the prefill (two forwards when the prompts share a system prompt: it once, then the rest), then
+    # a forward per further token, up to the last row's eos, and no further
+    prefill = 2 if common_prefix_length(batch["prompts"], batch["prompt_mask"]) >= MIN_COMMON_PREFIX else 1
     assert resp.shape[1] == int(first.max()) + 1 < 300
-    assert len(calls) == resp.shape[1]
+    assert len(calls) == resp.shape[1] - 1 + prefill
 
 
 def test_filter_logits_top_k_and_top_p():
@@ -131,6 +133,60 @@ def test_filter_logits_top_k_and_top_p():
     # top_p=0.8: 0.5 + 0.3 reach 0.8, so the third and fourth tokens go
     assert torch.isinf(filter_logits(logits, -1, 0.8)).tolist() == [[False, False, True, True]]
     assert torch.isinf(filter_logits(logits, -1, 0.81)).tolist() == [[False, False, False, True]]
+
+
+def test_common_prefix_length_counts_the_shared_leading_real_tokens_and_leaves_each_row_one():
+    from lucidrl.workers.decode import common_prefix_length
+
+    def left_padded(rows, width):
+        ids, mask = (
+            torch.zeros((len(rows), width), dtype=torch.long),
+            torch.zeros((len(rows), width), dtype=torch.long),
+        )
+        for i, r in enumerate(rows):
+            ids[i, width - len(r) :], mask[i, width - len(r) :] = torch.tensor(r), 1
+        return ids, mask
+
+    assert common_prefix_length(*left_padded([[5, 6, 7, 8], [5, 6, 9], [5, 6, 7, 1, 2]], 6)) == 2
+    # a prompt that is all prefix keeps its last token: the prefill's last logits come from its own forward
+    assert common_prefix_length(*left_padded([[5, 6, 7], [5, 6, 7, 8, 9]], 5)) == 2
+    assert common_prefix_length(*left_padded([[5, 6, 7], [4, 6, 7]], 4)) == 0
+    assert common_prefix_length(*left_padded([[5, 6, 7, 8]], 4)) == 0  # one prompt: nothing to share
+    ids, mask = left_padded([[5, 6, 7, 8], [5, 6, 7, 9]], 5)
+    mask[0, 2] = 0  # a hole in a row's real tokens: not the left padding this relies on
+    assert common_prefix_length(ids, mask) == 0
+
+
+def test_a_shared_system_prompt_is_prefilled_once_with_the_same_samples_and_log_probs(
+    kk_data, tiny_model, tiny_tokenizer, monkeypatch
+):
+    from lucidrl.workers import decode
+
+    model = load_model(tiny_model["path"])
+    batch = _prompts(kk_data, tiny_tokenizer, k=8)
+    common = decode.common_prefix_length(batch["prompts"], batch["prompt_mask"])
+    assert common >= decode.MIN_COMMON_PREFIX  # Logic-RL's system prompt
+    shapes = []
+    model.register_forward_pre_hook(
+        lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    args = dict(n=4, max_new_tokens=24, eos_ids=[tiny_tokenizer.eos_token_id], pad_id=0, top_k=-1, top_p=1.0)
+    out = {}
+    for once in (True, False):
+        if not once:
+            monkeypatch.setattr(decode, "MIN_COMMON_PREFIX", 10**9)
+        for sample in (False, True):
+            shapes.clear()
+            torch.manual_seed(0)
+            out[once, sample] = decode.sample_group(
+                model, batch["prompts"], batch["prompt_mask"], do_sample=sample, temperature=1.0, **args
+            )
+            first = (1, common) if once else tuple(batch["prompts"].shape)
+            assert shapes[0] == first
+    for sample in (False, True):
+        (r1, lp1), (r0, lp0) = out[True, sample], out[False, sample]
+        assert torch.equal(r1, r0)
+        torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=0)
 
 
 def test_reserved_cache_layer_returns_what_was_written_and_grows_past_capacity():

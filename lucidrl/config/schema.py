@@ -153,7 +153,7 @@ class RolloutConfig:
     # generation runs out of memory
     micro_batch_size: PosInt = 512
     # "lucidrl": own loop, each prompt prefilled once and attended to once for its n samples
-    # (shared-prefix attention), finished rows dropped;
+    # (shared-prefix attention), the system prompt all prompts share prefilled once, finished rows dropped;
     # "transformers": model.generate (every copy of a prompt prefilled, finished rows kept)
     decode_loop: Literal["lucidrl", "transformers"] = "lucidrl"
     # generate each prompt's samples alone, from an RNG seeded by (trainer.seed, step, prompt): the same

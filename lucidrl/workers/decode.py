@@ -1,7 +1,8 @@
 """lucidrl's own decoding loop: each prompt prefilled once for its n samples, finished rows dropped.
 
 `transformers.generate` prefills every copy of a prompt (n times the work for GRPO's groups) and
-keeps computing rows that already ended. This loop prefills the unique prompts once, samples with
+keeps computing rows that already ended. This loop prefills the unique prompts once (and the leading
+tokens they all share, such as a system prompt, once for the batch: `_prefill`), samples with
 temperature / top-k / top-p, records the log-prob of each sampled token under the
 temperature-scaled distribution (what the actor's forward computes), and compacts the batch as rows
 reach an eos. Tokens after a row's eos are the pad id; log-probs there are 0.
@@ -32,6 +33,8 @@ from lucidrl.workers.train_state import process_rng_state, set_process_rng_state
 
 # drop finished rows from the cache once this share of the active rows has ended
 COMPACT_FRACTION = 0.25
+# prefill a batch's shared leading prompt tokens once when there are at least this many (_prefill)
+MIN_COMMON_PREFIX = 16
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -343,6 +346,70 @@ def check_decode_loop_supported(model: torch.nn.Module) -> None:
         )
 
 
+def common_prefix_length(prompts: torch.Tensor, prompt_mask: torch.Tensor) -> int:
+    """How many leading real tokens every left-padded prompt of the batch shares (0 for one prompt,
+    or when a row's real tokens are not one run ending at the right edge), leaving each row at least
+    one token of its own: GRPO batches share the chat template and system prompt (159 of 206-251
+    tokens in step_vs_trl's Knights & Knaves prompts)."""
+    bs, width = prompts.shape
+    lengths = prompt_mask.sum(-1)
+    shortest = int(lengths.min()) if bs > 1 else 0
+    if shortest < 2:
+        return 0
+    # left padding: row i's real tokens are exactly its last lengths[i] columns
+    cols = torch.arange(width, device=prompts.device)
+    if not torch.equal(prompt_mask.bool(), cols[None, :] >= (width - lengths)[:, None]):
+        return 0
+    starts = (width - lengths)[:, None] + torch.arange(shortest - 1, device=prompts.device)[None, :]
+    heads = prompts.gather(1, starts)  # every row's first shortest - 1 real tokens
+    differs = (heads != heads[:1]).any(0).nonzero()
+    return int(differs[0]) if len(differs) else shortest - 1
+
+
+def _prefill(
+    model: torch.nn.Module, prompts: torch.Tensor, prompt_mask: torch.Tensor, cache: Cache, common: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fill `cache` with the prompts' keys and values; return the last positions' logits (float32)
+    and the mask of what the cache holds.
+
+    With `common` >= MIN_COMMON_PREFIX the shared leading tokens run once, in a batch of one, and
+    their cache is repeated to every row; then each row's remaining tokens run against it, left-padded
+    among themselves, so the cache holds [common prefix | padding | the row's own tokens] under the
+    mask returned. Positions count real tokens, so each token gets the position, and attends to the
+    same tokens, as in the plain prefill (last logits within 1e-6 of it). In step_vs_trl's setting
+    (64 prompts of 206-251 tokens, 159 shared) the prefill took 0.54 s against 1.86 s.
+    """
+    kw, last = _cache_kwarg(model), last_logits_only(model)
+    # the prefill's many queries attend under a padding mask: on the CPU without repeat_kv's copies
+    # (precision.masked_gqa); the one-query decode steps need no switch for that
+    with masked_gqa() if prompts.device.type == "cpu" else contextlib.nullcontext():
+        if common < MIN_COMMON_PREFIX:
+            positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+            out = model(
+                input_ids=prompts, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
+                **{kw: cache}, **last,
+            )  # fmt: skip
+            return out.logits[:, -1, :].float(), prompt_mask
+        bs, width = prompts.shape
+        lengths = prompt_mask.sum(-1)
+        first = width - int(lengths[0])
+        shared = prompts[:1, first : first + common]
+        positions = torch.arange(common, device=prompts.device)[None, :]
+        model(input_ids=shared, position_ids=positions, use_cache=True, **{kw: cache}, **last)
+        cache.batch_repeat_interleave(bs)
+        # the rows' own tokens: the last `own_width` columns, masked before each row's own start
+        own_width = int(lengths.max()) - common
+        own_ids = prompts[:, width - own_width :]
+        cols = torch.arange(own_width, device=prompts.device)
+        own_mask = (cols[None, :] >= (own_width - (lengths - common))[:, None]).to(prompt_mask.dtype)
+        mask = torch.cat([torch.ones_like(prompt_mask[:, :common]), own_mask], dim=1)
+        positions = common + (own_mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(
+            input_ids=own_ids, attention_mask=mask, position_ids=positions, use_cache=True, **{kw: cache}, **last
+        )  # fmt: skip
+    return out.logits[:, -1, :].float(), mask
+
+
 @torch.no_grad()
 def sample_group(
     model: torch.nn.Module,
@@ -402,18 +469,15 @@ def _decode(
     bs = prompts.shape[0]
     device = prompts.device
     rows = bs * n
-    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    kw = _cache_kwarg(model)
     # the prompt's cache: kept once per prompt (shared) or reserved with room for the responses
-    cache = DynamicCache() if shared else reserved_cache(prompts.shape[1] + max_new_tokens)
-    # the prefill's many queries attend under a padding mask: on the CPU without repeat_kv's copies
-    # (precision.masked_gqa); the one-query steps below need no switch for that
-    with masked_gqa() if device.type == "cpu" else contextlib.nullcontext():
-        out = model(
-            input_ids=prompts, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
-            **{kw: cache}, **last_logits_only(model),
-        )  # fmt: skip
-    logits = out.logits[:, -1, :].float()
+    span = prompts.shape[1] + max_new_tokens
+    cache = DynamicCache() if shared else reserved_cache(span)
+    kw = _cache_kwarg(model)
+    # a batch's shared leading prompt tokens are prefilled once (models whose every layer attends to
+    # all earlier tokens: the cache then has padding between them and each row's own tokens)
+    common = common_prefix_length(prompts, prompt_mask) if _can_share_prefix(model, span) else 0
+    logits, prompt_mask = _prefill(model, prompts, prompt_mask, cache, common)
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     active = torch.arange(rows, device=device)  # which output row each decoding row belongs to
     prefix = None
     if shared:
@@ -423,7 +487,7 @@ def _decode(
             mask=prompt_mask.bool(),
             n=n,
             slots=active,
-            span=prompts.shape[1] + max_new_tokens,
+            span=span,
         )
         # the rows' own tokens; on the CPU kept in the float32 that shared_prefix_attention computes in
         # (on a GPU a float32 cache of every layer would double the bf16 one: it converts per layer there)
