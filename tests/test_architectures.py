@@ -402,3 +402,71 @@ def test_bf16_training_forwards_run_with_attention_in_float32_and_in_bf16(name, 
     # router's choice (llama4's: 8% off with the attention in float32, 1.6% in bf16)
     gerr32, gerr16 = (g32 - g_ref).norm() / g_ref.norm(), (g16 - g_ref).norm() / g_ref.norm()
     assert gerr32 <= 2 * gerr16 + 0.1, (gerr32, gerr16)
+
+
+def _refused_cases():
+    """Models where prefilling a shared prompt once would change the tokens, found by a review: each
+    must decode as the plain prefill does."""
+    hd = 8
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * (hd // 2),
+            "long_factor": [4.0] * (hd // 2), "original_max_position_embeddings": 24}  # fmt: skip
+    sharp = dict(COMMON, initializer_range=0.2)
+    # Phi-3 long-RoPE: the factors switch once the forward's longest position passes 24 (4.4 in the
+    # last logits when the shared 20 tokens ran alone)
+    yield (
+        "phi3-longrope",
+        lambda: T.Phi3ForCausalLM(
+            T.Phi3Config(**sharp, original_max_position_embeddings=24, rope_parameters=rope)
+        ),
+    )
+    # Gemma 3 as its multimodal checkpoints load: the sliding windows sit in text_config
+    text = dict(sharp, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=28, patch_size=14)  # fmt: skip
+    yield (
+        "gemma3-multimodal",
+        lambda: T.Gemma3ForConditionalGeneration(
+            T.Gemma3Config(
+                text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=255
+            )
+        ),
+    )
+
+    # LoRA on a model with its own attention code (GPT-Neo's local attention counts columns): the
+    # peft wrapper's class said nothing of it
+    def neo_lora():
+        from peft import LoraConfig, get_peft_model
+
+        neo = T.GPTNeoConfig(
+            vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]],
+            window_size=12, max_position_embeddings=256, initializer_range=0.2, pad_token_id=PAD,
+            eos_token_id=EOS, bos_token_id=2,
+        )  # fmt: skip
+        return get_peft_model(T.GPTNeoForCausalLM(neo), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+
+    yield "gpt_neo-lora", neo_lora
+
+
+REFUSED = dict(_refused_cases())
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_the_shared_prompt_is_prefilled_whole_where_splitting_it_would_change_the_tokens(name, monkeypatch):
+    torch.manual_seed(0)
+    model = REFUSED[name]().eval()
+    _, prompts, mask = _model_and_prompts("llama", common=20)
+    assert decode.common_prefix_length(prompts, mask) == 20
+    assert not decode._can_prefill_shared_prompt(model, prompts.shape[1] + R)
+    shapes = []
+    model.register_forward_pre_hook(
+        lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got, _ = _decode(model, prompts, mask, 1, do_sample=False)
+        expected = model.generate(
+            input_ids=prompts, attention_mask=mask, max_new_tokens=R, do_sample=False, eos_token_id=EOS,
+            pad_token_id=PAD,
+        )[:, prompts.shape[1] :]  # fmt: skip
+    assert shapes[0] == tuple(prompts.shape)
+    assert torch.equal(got, expected[:, : got.shape[1]])

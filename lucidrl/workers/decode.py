@@ -113,12 +113,16 @@ def reserved_cache(capacity: int, dtype: torch.dtype | None = None) -> Cache:
     return Cache(layer_class_to_replicate=functools.partial(ReservedLayer, capacity, dtype))
 
 
+def _base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The HuggingFace model inside a DistributedDataParallel wrapper or a peft model."""
+    base = getattr(model, "module", model)
+    return base.get_base_model() if hasattr(base, "get_base_model") else base
+
+
 def _forward_params(model: torch.nn.Module):
     """The parameters of the HuggingFace forward: a peft model's (or a DDP wrapper's) own forward takes
     **kwargs and hands them to the model inside, which is the one that says what it accepts."""
-    base = getattr(model, "module", model)  # DistributedDataParallel
-    base = base.get_base_model() if hasattr(base, "get_base_model") else base
-    return inspect.signature(base.forward).parameters
+    return inspect.signature(_base_model(model).forward).parameters
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -303,8 +307,12 @@ def _can_share_prefix(model: torch.nn.Module, span: int) -> bool:
     config = getattr(model, "config", None)
     if type(model) in _NO_SHARED_PREFIX or config is None or not hasattr(config, "_attn_implementation"):
         return False
-    if getattr(type(model), "_supports_attention_backend", True) is False:  # its own attention code
+    # its own attention code; a peft model's class says nothing of the model inside (LoRA on MPT's
+    # ALiBi or GPT-Neo's local attention passed, and the prefill of a shared prompt changed their tokens)
+    if getattr(type(_base_model(model)), "_supports_attention_backend", True) is False:
         return False
+    # a multimodal model's layers are described by its text config (Gemma 3's sliding windows)
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     # only full attention: sliding, chunked (Llama 4) or linear-attention layers would be ignored
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
         return False
@@ -315,6 +323,31 @@ def _can_share_prefix(model: torch.nn.Module, span: int) -> bool:
     return not (
         getattr(config, "attention_chunk_size", None) or getattr(config, "attn_temperature_tuning", False)
     )
+
+
+# rotary embeddings whose frequencies a forward picks from its longest position (Phi-3's long-RoPE
+# switches factors past original_max_position_embeddings; "dynamic" NTK rescales): a prefill split
+# into the shared prompt and the rest would rotate the shared keys with other factors
+_LENGTH_DEPENDENT_ROPE = frozenset({"longrope", "dynamic"})
+
+
+def _rope_types(config) -> set[str]:
+    """The rotary embedding types of a (text) config: rope_parameters, or rope_scaling before
+    transformers 5, either one dict or one per layer type."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    groups = [v for v in params.values() if isinstance(v, dict)] or [params]
+    return {str(g.get("rope_type", g.get("type", "default"))) for g in groups}
+
+
+def _can_prefill_shared_prompt(model: torch.nn.Module, span: int) -> bool:
+    """Whether the prompts' shared leading tokens may be prefilled once (`_prefill`): the shared-prefix
+    attention's conditions (every layer attends to all earlier tokens, counted by position, not
+    column), and rotary frequencies that do not depend on the forward's length."""
+    if not _can_share_prefix(model, span):
+        return False
+    config = model.config
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return not (_rope_types(config) & _LENGTH_DEPENDENT_ROPE)
 
 
 def non_attention_layers(model: torch.nn.Module) -> str | None:
@@ -475,7 +508,7 @@ def _decode(
     kw = _cache_kwarg(model)
     # a batch's shared leading prompt tokens are prefilled once (models whose every layer attends to
     # all earlier tokens: the cache then has padding between them and each row's own tokens)
-    common = common_prefix_length(prompts, prompt_mask) if _can_share_prefix(model, span) else 0
+    common = common_prefix_length(prompts, prompt_mask) if _can_prefill_shared_prompt(model, span) else 0
     logits, prompt_mask = _prefill(model, prompts, prompt_mask, cache, common)
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     active = torch.arange(rows, device=device)  # which output row each decoding row belongs to
