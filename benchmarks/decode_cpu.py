@@ -155,9 +155,9 @@ def main() -> None:
         for name, runs in timed.items()
     }
     base = results.get("lucidrl/64", next(iter(results.values())))[1]
-    print(f"\n{'variant':16s} {f's/{rows}':>8s} {'tok/s':>8s} {'vs lucidrl/64':>14s} {'of roofline':>12s}")
+    print(f"\n{'variant':20s} {f's/{rows}':>8s} {'tok/s':>8s} {'vs lucidrl/64':>14s} {'of roofline':>12s}")
     for name, (s, tps) in results.items():
-        print(f"{name:16s} {s:8.2f} {tps:8.0f} {tps / base:14.2f} {tps / roofline:12.2f}")
+        print(f"{name:20s} {s:8.2f} {tps:8.0f} {tps / base:14.2f} {tps / roofline:12.2f}")
 
 
 if __name__ == "__main__":
