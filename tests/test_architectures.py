@@ -24,7 +24,7 @@ import transformers as T
 from lucidrl.batch import Batch
 from lucidrl.cli import main
 from lucidrl.workers import decode
-from lucidrl.workers.decode import MIN_COMMON_PREFIX, _can_share_prefix, sample_group
+from lucidrl.workers.decode import MIN_COMMON_PREFIX, _can_prefill_shared_prompt, sample_group
 from lucidrl.workers.forward import response_log_probs
 from lucidrl.workers.rollout_hf import response_mask_from_ids
 
@@ -119,7 +119,7 @@ def test_greedy_decoding_gives_transformers_generate_tokens(name, common):
     decode._NO_SHARED_PREFIX.discard(type(model))  # each case learns GPT-OSS's refusal anew
     # the shared system prompt is prefilled once (a forward of one row) for models whose every layer
     # attends to all earlier tokens; sliding-window and chunked ones prefill every prompt whole
-    once = bool(common) and _can_share_prefix(model, prompts.shape[1] + R)
+    once = bool(common) and _can_prefill_shared_prompt(model, prompts.shape[1] + R)
     assert once or not common or name in ("mistral-sliding", "gemma2", "llama4-chunked", "gpt_oss-sinks")
     shapes = []
     hook = model.register_forward_pre_hook(

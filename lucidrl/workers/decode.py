@@ -300,6 +300,12 @@ def attention_implementation(model: torch.nn.Module, name: str):
 _NO_SHARED_PREFIX: set[type] = set()
 
 
+def _text_config(config):
+    """The config that describes the decoder's layers: a multimodal model's text config (Gemma 3's
+    sliding windows and rotary settings sit there), else the config itself."""
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
 def _can_share_prefix(model: torch.nn.Module, span: int) -> bool:
     """Whether every layer's attention is plain softmax attention over all earlier tokens, through
     transformers' attention interface, for sequences of `span` tokens. Decided before decoding: a
@@ -311,8 +317,7 @@ def _can_share_prefix(model: torch.nn.Module, span: int) -> bool:
     # ALiBi or GPT-Neo's local attention passed, and the prefill of a shared prompt changed their tokens)
     if getattr(type(_base_model(model)), "_supports_attention_backend", True) is False:
         return False
-    # a multimodal model's layers are described by its text config (Gemma 3's sliding windows)
-    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    config = _text_config(config)
     # only full attention: sliding, chunked (Llama 4) or linear-attention layers would be ignored
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
         return False
@@ -345,9 +350,7 @@ def _can_prefill_shared_prompt(model: torch.nn.Module, span: int) -> bool:
     column), and rotary frequencies that do not depend on the forward's length."""
     if not _can_share_prefix(model, span):
         return False
-    config = model.config
-    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    return not (_rope_types(config) & _LENGTH_DEPENDENT_ROPE)
+    return not (_rope_types(_text_config(model.config)) & _LENGTH_DEPENDENT_ROPE)
 
 
 def non_attention_layers(model: torch.nn.Module) -> str | None:
