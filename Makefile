@@ -29,9 +29,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
+# ruff, and the layer map of docs/architecture.md (import-linter's contracts in pyproject.toml)
 lint: $(STAMP)
-	$(VENV)/bin/ruff check lucidrl tests
-	$(VENV)/bin/ruff format --check lucidrl tests
+	$(VENV)/bin/ruff check lucidrl tests benchmarks
+	$(VENV)/bin/ruff format --check lucidrl tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) outputs runs .pytest_cache

@@ -41,8 +41,8 @@ STAGES = ["gen", "reward", "old_log_prob", "ref", "update_actor", "sync_weights"
 
 def prepare(work: Path, hidden: int, layers: int) -> tuple[Path, Path, Path]:
     from lucidrl.data.kk import write_kk_parquet
+    from lucidrl.data.kk.corpus import kk_tokenizer_corpus
     from lucidrl.models import build_tiny_model
-    from lucidrl.trainer.demo import kk_tokenizer_corpus
 
     data = write_kk_parquet(work / "data", people=(2, 3), n_train=256, n_val=8, seed=0)
     model = build_tiny_model(work / "model", kk_tokenizer_corpus(0), hidden_size=hidden, num_layers=layers)

@@ -34,7 +34,15 @@ from pathlib import Path
 import torch
 
 N_SAMPLES, MAX_NEW = 8, 128
-VARIANTS = ["transformers/64", "lucidrl/64", "+one call", "+inverse CDF", "+shared prefix", "+bias in matmul", "+system prompt once"]
+VARIANTS = [
+    "transformers/64",
+    "lucidrl/64",
+    "+one call",
+    "+inverse CDF",
+    "+shared prefix",
+    "+bias in matmul",
+    "+system prompt once",
+]
 
 
 def multinomial(probs: torch.Tensor) -> torch.Tensor:
@@ -115,7 +123,11 @@ def main() -> None:
     )
     from transformers import AttentionInterface
 
-    shared_ok, sample_tokens, min_common = decode._can_share_prefix, decode.sample_tokens, decode.MIN_COMMON_PREFIX
+    shared_ok, sample_tokens, min_common = (
+        decode._can_share_prefix,
+        decode.sample_tokens,
+        decode.MIN_COMMON_PREFIX,
+    )
 
     def attention(fn) -> None:
         AttentionInterface.register(decode.SHARED_PREFIX_ATTENTION, fn)

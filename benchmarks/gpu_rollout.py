@@ -33,8 +33,8 @@ MAX_PROMPT = 4096  # prompt tokens the engines are sized for (K&K prompts of 2-4
 def build(work: Path, hidden: int, layers: int, n_prompts: int, max_new: int):
     from lucidrl.data.dataset import load_prompts
     from lucidrl.data.kk import write_kk_parquet
+    from lucidrl.data.kk.corpus import kk_tokenizer_corpus
     from lucidrl.models import build_tiny_model, load_tokenizer
-    from lucidrl.trainer.demo import kk_tokenizer_corpus
 
     data = write_kk_parquet(work / "data", people=(2, 4), n_train=n_prompts, n_val=1, seed=0)
     heads = max(4, hidden // 64)

@@ -6,7 +6,7 @@ The same starting model (the demo's SFT checkpoint), the same unlabelled K&K pro
 <= the demo's own response length: 160 new tokens at 2 people, 448 at 3), the same update
 (one optimizer step per generation batch, lr 1e-4 with a 3-step warm-up, PPO clip 0.2, k3 KL loss
 0.02, token-mean loss, grad clip 1). Every `--eval-every` steps each framework's weights are saved
-and scored by the same evaluator (`lucidrl.evaluation.evaluate`: greedy on the held-out puzzles),
+and scored by the same evaluator (`lucidrl.trainer.evaluation.evaluate`: greedy on the held-out puzzles),
 so the two curves differ only in the training. Each framework runs in its own process, one after
 the other; evaluation time is not counted in the training time.
 
@@ -42,7 +42,7 @@ def response_tokens(demo: Path) -> int:
     3-person trace cut at the 2-person 160 tokens scores as a format failure in both frameworks."""
     import pyarrow.parquet as pq
 
-    from lucidrl.trainer.demo import PEOPLE_DEFAULTS
+    from lucidrl.experiments.scarce_labels import PEOPLE_DEFAULTS
 
     infos = pq.read_table(demo / "data" / "val.parquet", columns=["extra_info"]).column("extra_info")
     sizes = sorted({info["n_people"] for info in infos.to_pylist()})
@@ -55,7 +55,7 @@ def response_tokens(demo: Path) -> int:
 
 
 def greedy_accuracy(model_dir: str, val: str) -> float:
-    from lucidrl.evaluation import evaluate
+    from lucidrl.trainer.evaluation import evaluate
 
     result = evaluate(model_dir, [val], k=1, max_new_tokens=MAX_NEW, seed=0, sampled=False)
     return result["data_sources"]["kk_logic"]["greedy"]["acc"]
@@ -66,7 +66,7 @@ def greedy_accuracy(model_dir: str, val: str) -> float:
 
 def worker_lucidrl(demo: Path, steps: int, every: int, work: Path) -> dict:
     from lucidrl.config import config_from_dict
-    from lucidrl.trainer.demo import DemoPlan, grpo_config
+    from lucidrl.experiments.scarce_labels import DemoPlan, grpo_config
     from lucidrl.trainer.ppo import PPOTrainer
 
     plan = DemoPlan(rl_prompts=N_PROMPTS, rl_n=N_SAMPLES, rl_lr=LR, rl_warmup=WARMUP, kl_coef=KL_COEF)

@@ -41,8 +41,8 @@ def prepare(work: Path) -> None:
     import pyarrow.parquet as pq
 
     from lucidrl.data.kk import generate_dataset
+    from lucidrl.data.kk.corpus import kk_tokenizer_corpus
     from lucidrl.models import build_tiny_model
-    from lucidrl.trainer.demo import kk_tokenizer_corpus
 
     rows, _ = generate_dataset((2, 3), 560, 0, seed=0, trace=True)
     for r in rows:

@@ -92,8 +92,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info):
 
 def prepare(work: Path) -> dict[str, str]:
     from lucidrl.data.kk import write_kk_parquet
+    from lucidrl.data.kk.corpus import kk_tokenizer_corpus
     from lucidrl.models import build_tiny_model
-    from lucidrl.trainer.demo import kk_tokenizer_corpus
 
     data = write_kk_parquet(work / "data", people=(2, 4), n_train=N_PROMPTS, n_val=1, seed=0)
     model = build_tiny_model(work / "model", kk_tokenizer_corpus(0), hidden_size=256, num_layers=4, seed=0)

@@ -76,9 +76,9 @@ def _cmd_data_kk(args: argparse.Namespace) -> int:
 
 
 def _cmd_model_tiny(args: argparse.Namespace) -> int:
+    from lucidrl.data.kk.corpus import kk_tokenizer_corpus
     from lucidrl.diagnostics.errors import UsageError
     from lucidrl.models import build_tiny_model
-    from lucidrl.trainer.demo import kk_tokenizer_corpus
 
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
@@ -110,7 +110,7 @@ def _cmd_model_tiny(args: argparse.Namespace) -> int:
 
 
 def _print_keys(schema: type) -> int:
-    from lucidrl.config.loader import describe_keys
+    from lucidrl.config import describe_keys
 
     print("\n".join(describe_keys(schema)))
     return 0
@@ -175,7 +175,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from lucidrl.evaluation import evaluate, results_table, truncation_warnings
+    from lucidrl.trainer.evaluation import evaluate, results_table, truncation_warnings
 
     result = evaluate(
         args.model,
@@ -206,7 +206,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from lucidrl.report import write_report
+    from lucidrl.trainer.report import write_report
 
     info = write_report(args.run_dir)
     for note in info["notes"]:
@@ -225,8 +225,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from lucidrl.diagnostics.doctor import SLOW_CHECKS, format_check, run_doctor
     from lucidrl.diagnostics.errors import UsageError
+    from lucidrl.doctor import SLOW_CHECKS, format_check, run_doctor
 
     skip = [name for item in args.skip for name in item.split(",") if name]
     bad = [name for name in skip if name not in SLOW_CHECKS]
@@ -270,7 +270,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from lucidrl.data.kk.generator import TWO_PERSON_PUZZLES
     from lucidrl.diagnostics.errors import UsageError
-    from lucidrl.trainer.demo import DemoPlan, run_demo
+    from lucidrl.experiments.scarce_labels import DemoPlan, run_demo
 
     chosen = {}
     for key in ("people", "labelled", "unlabelled", "sft_s", "rl_s", "hidden", "layers", "renderings"):

@@ -21,8 +21,8 @@ def kk_data(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
+    from lucidrl.data.kk.corpus import kk_tokenizer_corpus
     from lucidrl.models import build_tiny_model
-    from lucidrl.trainer.demo import kk_tokenizer_corpus
 
     out = tmp_path_factory.mktemp("tiny")
     return build_tiny_model(

@@ -506,11 +506,11 @@ def test_checkpoint_keys_that_contradict_each_other_are_refused(overrides, messa
 
 
 def test_doctor_says_whether_a_run_resumes_and_what_training_would_refuse(tmp_path, kk_data, tiny_model):
-    from lucidrl.diagnostics import doctor
+    from lucidrl.doctor import checks, run_checks
 
     def run_dir_check(*extra):
         cfg = load_config(None, _args(tmp_path, kk_data, tiny_model, "run", *extra))
-        return doctor._run("run dir", lambda: doctor.check_run_dir(cfg))[0]
+        return checks.run_check("run dir", lambda: run_checks.check_run_dir(cfg))[0]
 
     assert run_dir_check().detail.endswith("run: a new run")
     _train(tmp_path, kk_data, tiny_model, "run", "trainer.total_training_steps=1", "trainer.save_freq=1")

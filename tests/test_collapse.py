@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lucidrl.config import config_from_dict
-from lucidrl.config.loader import ConfigError
+from lucidrl.config import ConfigError, config_from_dict
 from lucidrl.config.schema import CollapseConfig
 from lucidrl.trainer.collapse import CollapseMonitor
 
@@ -82,7 +81,7 @@ def test_the_demos_settings_ride_out_batch_noise_and_still_catch_a_collapse():
     0.5 drop stopped at step 78: steps 43-45 reached 2.07-2.37, then ordinary batches (1.08-1.27)
     pulled the short EMA 0.7 below. The demo's settings (EMA 0.9, drop 1.0) let it run, and still stop
     a real collapse (format and answers lost: scores near -3) within a few steps."""
-    from lucidrl.trainer.demo import DemoPlan, grpo_config
+    from lucidrl.experiments.scarce_labels import DemoPlan, grpo_config
 
     demo = grpo_config("m", {"unlabelled": "u"}, Path("r"), DemoPlan(), 0)["trainer"]["collapse"]
     cfg = CollapseConfig(**{**demo, "min_mixed_groups_ratio": None})

@@ -198,7 +198,7 @@ def test_shipped_example_configs_load():
 def test_help_config_lists_every_key_the_unknown_key_error_points_to(capsys):
     """The error for an unknown key said `lucidrl train --help-config`, which did not exist."""
     from lucidrl.cli import main
-    from lucidrl.config.loader import _all_keys
+    from lucidrl.config.fields import all_keys
     from lucidrl.config.schema import LucidConfig, SFTConfig
 
     with pytest.raises(ConfigError, match="see `lucidrl train --help-config` for every key"):
@@ -207,7 +207,7 @@ def test_help_config_lists_every_key_the_unknown_key_error_points_to(capsys):
         assert main([command, "--help-config"]) == 0
         lines = capsys.readouterr().out.splitlines()
         listed = {line.split(" = ")[0] for line in lines}
-        leaves = {k for k in _all_keys(schema) if not any(o.startswith(k + ".") for o in _all_keys(schema))}
+        leaves = {k for k in all_keys(schema) if not any(o.startswith(k + ".") for o in all_keys(schema))}
         assert listed == leaves, leaves ^ listed
     assert main(["train", "--help-config"]) == 0
     out = capsys.readouterr().out

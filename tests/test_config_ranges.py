@@ -12,8 +12,9 @@ import pytest
 
 from lucidrl.cli import main
 from lucidrl.config import LucidConfig, SFTConfig, load_config, validate
-from lucidrl.config.loader import RangeError, check_ranges
+from lucidrl.config.errors import RangeError
 from lucidrl.config.schema import PoolConfig, Range
+from lucidrl.config.validation import check_ranges
 
 
 def _number_leaves(cls: type, prefix: str = "") -> list[tuple[str, Any]]:

@@ -11,12 +11,13 @@ import torch
 
 from lucidrl.batch import Batch, BatchError
 from lucidrl.config import ConfigError, load_config
-from lucidrl.controller.dispatch import Dispatch, merge_from_ranks, split_for_ranks
+from lucidrl.config.placement import plan_groups
+from lucidrl.controller.dispatch import merge_from_ranks, split_for_ranks
 from lucidrl.controller.errors import RemoteWorkerError, WorkerDiedError
-from lucidrl.controller.placement import plan_groups
-from lucidrl.controller.probe import ProbeWorker
-from lucidrl.controller.rank_metrics import Combine, RankMetrics, combine_ranks
 from lucidrl.controller.worker_group import LocalWorkerGroup
+from lucidrl.doctor.probe_worker import ProbeWorker
+from lucidrl.workers.dispatch import Dispatch
+from lucidrl.workers.rank_metrics import Combine, RankMetrics, combine_ranks
 
 
 def test_dp_dispatch_pads_to_a_divisor_and_unpads():
@@ -228,9 +229,9 @@ def test_unpicklable_worker_exception_arrives_with_type_message_and_traceback(pr
     with pytest.raises(RemoteWorkerError) as info:
         probe_group.fail("raise")
     text = str(info.value)
-    assert "lucidrl.controller.probe.TwoArgError: worker-side detail (code 42)" in text
+    assert "lucidrl.doctor.probe_worker.TwoArgError: worker-side detail (code 42)" in text
     assert "role=probe rank=0" in text and "host=" in text
-    assert 'probe.py", line' in text and "raise TwoArgError" in text  # the remote traceback
+    assert 'probe_worker.py", line' in text and "raise TwoArgError" in text  # the remote traceback
     assert info.value.type_name == "TwoArgError"
 
 
@@ -329,7 +330,7 @@ def test_a_worker_that_fails_to_start_says_why(ray_cluster):
 
 def test_local_cuda_index_picks_the_gpu_ray_assigned(monkeypatch):
     ray = pytest.importorskip("ray")
-    from lucidrl.controller.distributed import local_cuda_index
+    from lucidrl.workers.distributed import local_cuda_index
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: [3])

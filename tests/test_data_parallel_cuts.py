@@ -61,9 +61,9 @@ def _budget(batch: Batch) -> int:
 
 
 def _rank(rank: int, port: int, model_path: str, strategy: str, out: str) -> None:
-    from lucidrl.controller.distributed import full_state_dict, wrap_for_training
     from lucidrl.models import load_model
     from lucidrl.workers.actor import ActorWorker
+    from lucidrl.workers.distributed import full_state_dict, wrap_for_training
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # a short timeout: a collective left unmatched fails the test instead of hanging it

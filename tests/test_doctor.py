@@ -17,74 +17,74 @@ from helpers import write_train_config
 
 from lucidrl.cli import main
 from lucidrl.config import load_config
-from lucidrl.diagnostics import doctor
-from lucidrl.diagnostics.doctor import Check, Needs
+from lucidrl.doctor import checks, machine, run_checks
+from lucidrl.doctor.checks import Check, Needs
 from lucidrl.models.loading import ModelLoadError
 
 
 def test_cgroup_quota_is_read_in_cpus(tmp_path):
     f = tmp_path / "cpu.max"
     f.write_text("150000 100000\n")
-    assert doctor.cgroup_cpu_quota(str(f)) == 1.5
+    assert machine.cgroup_cpu_quota(str(f)) == 1.5
     f.write_text("max 100000\n")
-    assert doctor.cgroup_cpu_quota(str(f)) is None
-    assert doctor.cgroup_cpu_quota(str(tmp_path / "absent")) is None
+    assert machine.cgroup_cpu_quota(str(f)) is None
+    assert machine.cgroup_cpu_quota(str(tmp_path / "absent")) is None
 
 
 def test_more_torch_threads_than_cpus_is_a_warning_with_the_variable_to_set():
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        check = doctor.check_torch(cpus=2)
+        check = machine.check_torch(cpus=2)
         assert check.status == "warn" and "3 intra-op threads on 2 usable CPUs" in check.detail
         assert "OMP_NUM_THREADS=2" in check.fix
-        assert doctor.check_torch(cpus=8).status == "ok"
+        assert machine.check_torch(cpus=8).status == "ok"
     finally:
         torch.set_num_threads(before)
 
 
 def test_a_small_dev_shm_is_a_warning(monkeypatch, tmp_path):
-    real = doctor.os.statvfs
+    real = machine.os.statvfs
 
     class Small:
         f_blocks, f_bavail, f_frsize = 16384, 16000, 4096  # 64 MiB, Docker's default
 
-    monkeypatch.setattr(doctor.os, "statvfs", lambda path: Small() if path == "/fake/shm" else real(path))
-    check = doctor.check_shm("/fake/shm")
+    monkeypatch.setattr(machine.os, "statvfs", lambda path: Small() if path == "/fake/shm" else real(path))
+    check = machine.check_shm("/fake/shm")
     assert check.status == "warn" and "0.1 GiB free of 0.1 GiB" in check.detail and "--shm-size" in check.fix
-    missing = doctor.check_shm(str(tmp_path / "no-such-shm"))
+    missing = machine.check_shm(str(tmp_path / "no-such-shm"))
     assert missing.status == "warn" and "is missing" in missing.detail
 
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="checks what a CPU build of torch reports")
 def test_a_config_that_needs_gpus_fails_on_a_cpu_build_of_torch():
-    assert doctor.check_cuda(Needs()).status == "ok"
-    check = doctor.check_cuda(Needs(gpu=True))
+    assert machine.check_cuda(Needs()).status == "ok"
+    check = machine.check_cuda(Needs(gpu=True))
     assert check.status == "fail" and "is a CPU build" in check.detail and "CUDA build" in check.fix
 
 
 def test_vllm_torch_pin_is_compared_with_the_installed_torch():
-    assert doctor.vllm_torch_conflict(["torch==2.13.0", "numpy"], "2.12.1+cpu") == "torch==2.13.0"
-    assert doctor.vllm_torch_conflict(["torch==2.13.0"], "2.13.0+cu128") is None
-    assert doctor.vllm_torch_conflict(["torch>=2.12,<2.14"], "2.13.0") is None
+    assert machine.vllm_torch_conflict(["torch==2.13.0", "numpy"], "2.12.1+cpu") == "torch==2.13.0"
+    assert machine.vllm_torch_conflict(["torch==2.13.0"], "2.13.0+cu128") is None
+    assert machine.vllm_torch_conflict(["torch>=2.12,<2.14"], "2.13.0") is None
     # a requirement for another platform does not apply here
-    assert doctor.vllm_torch_conflict(['torch==2.0.0; sys_platform == "nonexistent"'], "2.13.0") is None
+    assert machine.vllm_torch_conflict(['torch==2.0.0; sys_platform == "nonexistent"'], "2.13.0") is None
 
 
 def test_vllm_missing_fails_only_when_the_config_uses_it(monkeypatch):
     def absent(name):
-        raise doctor.importlib.metadata.PackageNotFoundError(name)
+        raise machine.importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(doctor.importlib.metadata, "version", absent)
-    assert doctor.check_vllm(Needs()).status == "ok"
-    check = doctor.check_vllm(Needs(vllm=True))
+    monkeypatch.setattr(machine.importlib.metadata, "version", absent)
+    assert machine.check_vllm(Needs()).status == "ok"
+    check = machine.check_vllm(Needs(vllm=True))
     assert check.status == "fail" and "lucidrl[vllm]" in check.fix
 
 
 def test_compile_without_a_compiler_warns_and_fails_when_the_config_compiles(monkeypatch):
-    monkeypatch.setattr(doctor, "cxx_compiler", lambda: None)
-    assert doctor.check_compile(Needs()).status == "warn"
-    check = doctor.check_compile(Needs(compile=True))
+    monkeypatch.setattr(machine, "cxx_compiler", lambda: None)
+    assert machine.check_compile(Needs()).status == "warn"
+    check = machine.check_compile(Needs(compile=True))
     assert check.status == "fail" and "apt install g++" in check.fix
 
 
@@ -99,7 +99,7 @@ def test_a_child_that_aborts_is_reported_with_its_signal_and_stderr():
         stderr=subprocess.PIPE,
         text=True,
     )
-    result, why = doctor._collect(proc, timeout=60)
+    result, why = machine._collect(proc, timeout=60)
     assert result is None and "signal 6" in why and "about to abort" in why
 
 
@@ -107,7 +107,7 @@ def test_a_child_that_aborts_is_reported_with_its_signal_and_stderr():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_compile_probe_really_compiles_and_matches_eager(dtype):
     """bfloat16 logits compile to a graph of their own, which the probe left unchecked."""
-    check = doctor.check_compile(Needs(compile=True, logits_dtype=dtype))
+    check = machine.check_compile(Needs(compile=True, logits_dtype=dtype))
     assert check.status == "ok", check
     assert f"compiled on cpu for {dtype} logits" in check.detail and "of eager" in check.detail
 
@@ -115,14 +115,14 @@ def test_compile_probe_really_compiles_and_matches_eager(dtype):
 def test_the_compile_check_takes_the_logits_dtype_from_the_config():
     from lucidrl.config import load_config
 
-    needs, _ = doctor.needs_of(load_config(None, ["model.compute_dtype=bfloat16"]))
+    needs, _ = run_checks.needs_of(load_config(None, ["model.compute_dtype=bfloat16"]))
     assert needs.logits_dtype == "bfloat16"
-    assert doctor.needs_of(load_config(None, ["model.dtype=bfloat16"]))[0].logits_dtype == "bfloat16"
-    assert doctor.needs_of(load_config(None, []))[0].logits_dtype == "float32"
+    assert run_checks.needs_of(load_config(None, ["model.dtype=bfloat16"]))[0].logits_dtype == "bfloat16"
+    assert run_checks.needs_of(load_config(None, []))[0].logits_dtype == "float32"
 
 
 def test_gloo_across_two_processes():
-    check = doctor.check_distributed("gloo", world=2, timeout=120)
+    check = machine.check_distributed("gloo", world=2, timeout=120)
     assert check.status == "ok", check
     assert "gloo: 2 processes joined" in check.detail
 
@@ -132,9 +132,9 @@ def test_a_rendezvous_port_taken_by_someone_else_fails_the_distributed_check(mon
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
     port = squatter.getsockname()[1]
-    monkeypatch.setattr("lucidrl.controller.distributed.pick_port", lambda host, p: port)
+    monkeypatch.setattr("lucidrl.workers.distributed.pick_port", lambda host, p: port)
     try:
-        check = doctor.check_distributed("gloo", world=2, timeout=20)
+        check = machine.check_distributed("gloo", world=2, timeout=20)
     finally:
         squatter.close()
     assert check.status == "fail" and f"127.0.0.1:{port}" in check.detail
@@ -152,13 +152,13 @@ def _copy_model(tiny_model, tmp_path) -> Path:
 
 def test_model_check_passes_on_a_saved_model_and_counts_its_tensors(tiny_model, tmp_path, kk_data):
     cfg = load_config(write_train_config(tmp_path, kk_data, tiny_model), ["data.max_prompt_length=512"])
-    tok = doctor.check_tokenizer(cfg)[1]
-    check = doctor.check_model(cfg, tok, str(tiny_model["path"]), "model.path")
+    tok = run_checks.check_tokenizer(cfg)[1]
+    check = run_checks.check_model(cfg, tok, str(tiny_model["path"]), "model.path")
     assert check.status == "ok", check
     assert "Qwen2ForCausalLM" in check.detail and "tensors match the architecture" in check.detail
     # the helper's config asks for 1024 + 16 positions of a model trained on 1024
     cfg.data.max_prompt_length = 1024
-    check = doctor.check_model(cfg, tok, str(tiny_model["path"]), "model.path")
+    check = run_checks.check_model(cfg, tok, str(tiny_model["path"]), "model.path")
     assert check.status == "warn" and "max_position_embeddings=1024" in check.detail
 
 
@@ -168,8 +168,8 @@ def test_model_whose_config_disagrees_with_its_weights_fails_naming_the_tensor(t
     conf["intermediate_size"] += 8
     (folder / "config.json").write_text(json.dumps(conf))
     cfg = load_config(write_train_config(tmp_path, kk_data, tiny_model), [f"model.path={folder}"])
-    tok = doctor.check_tokenizer(cfg)[1]
-    check = doctor.check_model(cfg, tok, str(folder), "model.path")
+    tok = run_checks.check_tokenizer(cfg)[1]
+    check = run_checks.check_model(cfg, tok, str(folder), "model.path")
     assert check.status == "fail" and "shapes differ from config.json" in check.detail
     assert "mlp.gate_proj.weight" in check.detail
 
@@ -183,8 +183,8 @@ def test_model_with_a_tensor_missing_from_its_file_fails(tiny_model, tmp_path, k
     del weights[dropped]
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     cfg = load_config(write_train_config(tmp_path, kk_data, tiny_model), [f"model.path={folder}"])
-    tok = doctor.check_tokenizer(cfg)[1]
-    check = doctor.check_model(cfg, tok, str(folder), "model.path")
+    tok = run_checks.check_tokenizer(cfg)[1]
+    check = run_checks.check_model(cfg, tok, str(folder), "model.path")
     assert check.status == "fail" and "1 tensors missing" in check.detail and dropped in check.detail
 
 
@@ -195,8 +195,8 @@ def test_weights_the_architecture_does_not_use_are_a_warning(tiny_model, tmp_pat
     conf["layer_types"] = conf["layer_types"][:-1]
     (folder / "config.json").write_text(json.dumps(conf))
     cfg = load_config(write_train_config(tmp_path, kk_data, tiny_model), ["data.max_prompt_length=512"])
-    tok = doctor.check_tokenizer(cfg)[1]
-    check = doctor.check_model(cfg, tok, str(folder), "model.path")
+    tok = run_checks.check_tokenizer(cfg)[1]
+    check = run_checks.check_model(cfg, tok, str(folder), "model.path")
     assert (
         check.status == "warn" and "tensors in the files that the architecture does not use" in check.detail
     )
@@ -235,7 +235,7 @@ def test_an_embedding_smaller_than_the_tokenizer_fails(tiny_model, tmp_path, kk_
         def __len__(self):
             return 10**6  # more tokens than the embedding has rows
 
-    check = doctor.check_model(cfg, Bigger(), str(tiny_model["path"]), "model.path")
+    check = run_checks.check_model(cfg, Bigger(), str(tiny_model["path"]), "model.path")
     assert check.status == "fail" and "embedding rows but the tokenizer has" in check.detail
 
 
@@ -317,13 +317,13 @@ def test_a_check_that_crashes_is_a_failure_not_a_crash():
     def broken() -> Check:
         raise KeyError("boom")
 
-    check, value = doctor._run("broken", broken)
+    check, value = checks.run_check("broken", broken)
     assert check.status == "fail" and "the check raised KeyError" in check.detail and value is None
 
 
 @pytest.mark.slow
 def test_ray_probe_group_starts_dispatches_and_relays_errors():
-    check = doctor.check_ray(Needs(), start=True)
+    check = machine.check_ray(Needs(), start=True)
     assert check.status == "ok", check
     assert "2 probe actors" in check.detail
 
@@ -355,17 +355,17 @@ def test_more_ray_cpu_ranks_than_cpus_fails_the_placement_check(tmp_path, kk_dat
         "trainer.cpus_per_rank=2",
     ]
     cfg = load_config(write_train_config(tmp_path, kk_data, tiny_model), overrides)
-    needs, words = doctor.needs_of(cfg)
+    needs, words = run_checks.needs_of(cfg)
     assert needs.ray and needs.ranks == 4 and not needs.gpu
-    check = doctor.check_placement(needs, words, cpus=6)
+    check = run_checks.check_placement(needs, words, cpus=6)
     assert check.status == "fail" and "4 ranks x trainer.cpus_per_rank=2 CPUs" in check.detail
-    assert doctor.check_placement(needs, words, cpus=8).status == "ok"
+    assert run_checks.check_placement(needs, words, cpus=8).status == "ok"
     # a run that joins a cluster places its ranks there: by the key, or by RAY_ADDRESS (`ray job submit`)
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
-    needs, words = doctor.needs_of(cfg)
-    assert needs.joins_cluster and doctor.check_placement(needs, words, cpus=6).status == "ok"
+    needs, words = run_checks.needs_of(cfg)
+    assert needs.joins_cluster and run_checks.check_placement(needs, words, cpus=6).status == "ok"
     monkeypatch.delenv("RAY_ADDRESS")
     joined = load_config(
         write_train_config(tmp_path, kk_data, tiny_model), [*overrides, "trainer.ray_address=auto"]
     )
-    assert doctor.check_placement(*doctor.needs_of(joined), cpus=6).status == "ok"
+    assert run_checks.check_placement(*run_checks.needs_of(joined), cpus=6).status == "ok"

@@ -11,7 +11,7 @@ import pytest
 
 from lucidrl.cli import main
 from lucidrl.data.dataset import DatasetError
-from lucidrl.evaluation import EvaluationError, _summarise, evaluate
+from lucidrl.trainer.evaluation import EvaluationError, _summarise, evaluate
 
 
 def _people(path: str) -> Counter:
@@ -105,7 +105,7 @@ def test_names_with_square_brackets_print_as_they_are(result):
 
     from rich.console import Console
 
-    from lucidrl.evaluation import results_table
+    from lucidrl.trainer.evaluation import results_table
 
     for name in ("runs/[red]/final", "runs/[/x]/final"):
         console = Console(file=io.StringIO(), width=200)
@@ -130,7 +130,7 @@ def test_missing_model_bad_flags_and_overlong_prompts_are_clean_errors(kk_data, 
 def test_a_source_without_an_acc_metric_keeps_its_score_as_accuracy_in_a_mixed_chunk(monkeypatch):
     import torch
 
-    import lucidrl.evaluation as ev
+    import lucidrl.trainer.evaluation as ev
     from lucidrl.workers.rollout_hf import SamplingParams
 
     class Rollout:
@@ -169,8 +169,8 @@ def test_responses_cut_at_max_new_tokens_are_counted_and_warned_about(kk_data, t
     import torch
 
     from lucidrl.data.dataset import collate, load_prompts
-    from lucidrl.evaluation import truncation_warnings
     from lucidrl.models import load_model, load_tokenizer
+    from lucidrl.trainer.evaluation import truncation_warnings
     from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
 
     result = evaluate(tiny_model["path"], [kk_data["val"]], k=1, max_new_tokens=6, seed=0, sampled=False)

@@ -273,8 +273,8 @@ def test_a_critic_of_another_vocabulary_is_refused_naming_critic_model_path(
 ) -> None:
     """It loaded, then indexed past its embedding at the first values forward (IndexError, after a rollout)."""
     from lucidrl.config import load_config
+    from lucidrl.data.kk.corpus import kk_tokenizer_corpus
     from lucidrl.models import build_tiny_model
-    from lucidrl.trainer.demo import kk_tokenizer_corpus
     from lucidrl.trainer.ppo import PPOTrainer
 
     small = build_tiny_model(

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from lucidrl.cli import main
-from lucidrl.report import ReportError, read_metrics, write_report
+from lucidrl.trainer.report import ReportError, read_metrics, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CONFIG = "model:\n  path: models/tiny\nactor:\n  optim:\n    lr: 0.0001  # <tuned>\n"
@@ -129,7 +129,7 @@ def test_a_run_still_writing_is_reported_and_all_null_metrics_are_named(tmp_path
 
 def test_the_timing_plot_looks_each_part_up_once(tmp_path, monkeypatch):
     """It rebuilt a dict of a part's points for every step: minutes for a long run's one PNG."""
-    import lucidrl.report as report
+    import lucidrl.trainer.report as report
 
     run = tmp_path / "run"
     run.mkdir()

@@ -257,7 +257,7 @@ def test_the_reward_model_scores_the_same_on_two_ray_ranks_as_in_process(
 def test_doctor_checks_the_reward_model_from_its_headers(
     tmp_path, tiny_model, tiny_tokenizer, reward_model_dir
 ):
-    from lucidrl.diagnostics import doctor
+    from lucidrl.doctor import checks, run_checks
 
     def check(path, *extra):
         cfg = load_config(
@@ -270,7 +270,7 @@ def test_doctor_checks_the_reward_model_from_its_headers(
                 *extra,
             ],
         )
-        return doctor._run("reward model", lambda: doctor.check_reward_model(cfg, tiny_tokenizer))[0]
+        return checks.run_check("reward model", lambda: run_checks.check_reward_model(cfg, tiny_tokenizer))[0]
 
     ok = check(reward_model_dir)
     assert ok.status == "ok" and "Qwen2ForSequenceClassification, score head 1 x 64" in ok.detail

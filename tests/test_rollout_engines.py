@@ -15,10 +15,11 @@ from lucidrl.cli import main
 from lucidrl.config import ConfigError, config_from_dict
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model
+from lucidrl.protocol import WEIGHTS_PATH
 from lucidrl.serving.server import make_server
 from lucidrl.workers.policy import PolicyWorker
 from lucidrl.workers.rollout_hf import SamplingParams
-from lucidrl.workers.rollout_server import WEIGHTS_PATH, RolloutServerError, ServerRollout
+from lucidrl.workers.rollout_server import RolloutServerError, ServerRollout
 from lucidrl.workers.rollout_vllm import VLLMRollout
 
 

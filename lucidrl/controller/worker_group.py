@@ -15,10 +15,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from lucidrl.controller.dispatch import Dispatch, dispatch_mode, merge_from_ranks, split_for_ranks
-from lucidrl.controller.distributed import DistInfo, node_ip, pick_port
+from lucidrl.controller.dispatch import merge_from_ranks, split_for_ranks
 from lucidrl.controller.errors import RemoteFailure, RemoteWorkerError, WorkerDiedError
 from lucidrl.diagnostics.debug import debug_enabled
+from lucidrl.workers.dispatch import Dispatch, dispatch_mode
+from lucidrl.workers.distributed import DistInfo, node_ip, pick_port
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

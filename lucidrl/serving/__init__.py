@@ -1,6 +1,6 @@
 """Serving: `lucidrl serve`, an OpenAI-compatible completions server over lucidrl's HF generation."""
 
-from lucidrl.serving.protocol import CompletionRequest, RequestError, parse_completion_request
+from lucidrl.protocol import CompletionRequest, RequestError, parse_completion_request
 from lucidrl.serving.server import CompletionEngine, ServerHandle, make_server, run_server
 
 __all__ = [

@@ -33,7 +33,8 @@ import torch
 
 from lucidrl.batch import Batch
 from lucidrl.diagnostics.errors import UsageError
-from lucidrl.serving.protocol import (
+from lucidrl.protocol import (
+    WEIGHTS_PATH,
     CompletionRequest,
     RequestError,
     error_body,
@@ -42,7 +43,6 @@ from lucidrl.serving.protocol import (
 )
 from lucidrl.workers.forward import response_log_probs
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
-from lucidrl.workers.rollout_server import WEIGHTS_PATH
 
 log = logging.getLogger("lucidrl.serving")
 MAX_BODY_BYTES = 64 * 1024 * 1024

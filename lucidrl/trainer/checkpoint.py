@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import yaml
 
-from lucidrl.config.loader import flat_keys
+from lucidrl.config import flat_keys
 from lucidrl.models.saving import fsync_dir, fsync_tree
 from lucidrl.workers.train_state import (
     CheckpointError,

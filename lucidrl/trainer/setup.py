@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from lucidrl.config import LucidConfig, to_dict
-from lucidrl.controller.placement import plan_groups
+from lucidrl.config.placement import plan_groups
 from lucidrl.controller.worker_group import LocalWorkerGroup, RayWorkerGroup, WorkerGroup, ensure_ray
 from lucidrl.data.dataset import FilterReport, PromptSample, load_prompts
 from lucidrl.diagnostics.debug import debug_enabled

@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 from rich.markup import escape
 
-from lucidrl.config import SFTConfig
-from lucidrl.config.loader import to_dict
+from lucidrl.config import SFTConfig, to_dict
 from lucidrl.data.sft_dataset import IGNORE, collate_sft, load_sft_rows, sft_batches, sft_micro_batches
 from lucidrl.models import check_tokenizer_matches_model, load_model, load_run_tokenizer
 from lucidrl.models.loading import DTYPES

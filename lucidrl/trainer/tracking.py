@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from lucidrl.config.loader import flat_keys, missing_logger_packages, to_dict
+from lucidrl.config import flat_keys, missing_logger_packages, to_dict
 
 log = logging.getLogger(__name__)
 

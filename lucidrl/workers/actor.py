@@ -10,12 +10,12 @@ from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.algos.aggregation import norm_width, pad_response_width
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig
-from lucidrl.controller.rank_metrics import Combine, RankMetrics
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import check_chunkable_head, check_prompt_sharable, response_log_probs
 from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows, token_shares
 from lucidrl.workers.optim import build_optimizer, step_if_finite
+from lucidrl.workers.rank_metrics import Combine, RankMetrics
 
 
 class NonFiniteLossError(UserError, FloatingPointError):

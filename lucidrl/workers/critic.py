@@ -13,13 +13,13 @@ from lucidrl.algos import compute_value_loss
 from lucidrl.algos.aggregation import norm_width, pad_response_width
 from lucidrl.batch import Batch
 from lucidrl.config.schema import CriticConfig
-from lucidrl.controller.rank_metrics import Combine, RankMetrics
 from lucidrl.models.loading import ModelLoadError
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.actor import NonFiniteLossError
 from lucidrl.workers.forward import sequence_inputs
 from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows, token_shares
 from lucidrl.workers.optim import build_optimizer, step_if_finite
+from lucidrl.workers.rank_metrics import Combine, RankMetrics
 
 
 def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

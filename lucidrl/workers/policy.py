@@ -23,18 +23,6 @@ import torch
 
 from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig
-from lucidrl.controller.dispatch import Dispatch, dispatch
-from lucidrl.controller.distributed import (
-    DistInfo,
-    copy_full_parameters,
-    full_parameters,
-    full_state_dict,
-    init_process_group,
-    local_cuda_index,
-    unwrap,
-    wrap_for_training,
-)
-from lucidrl.controller.rank_metrics import RankMetrics
 from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.models import check_tokenizer_matches_model, load_model, load_run_tokenizer
 from lucidrl.models.dropout import describe as describe_dropout
@@ -45,6 +33,18 @@ from lucidrl.models.precision import autocast_dtype
 from lucidrl.models.saving import save_hf_folder
 from lucidrl.workers.actor import ActorWorker, ReferenceWorker
 from lucidrl.workers.critic import CriticWorker, load_value_model
+from lucidrl.workers.dispatch import Dispatch, dispatch
+from lucidrl.workers.distributed import (
+    DistInfo,
+    copy_full_parameters,
+    full_parameters,
+    full_state_dict,
+    init_process_group,
+    local_cuda_index,
+    unwrap,
+    wrap_for_training,
+)
+from lucidrl.workers.rank_metrics import RankMetrics
 from lucidrl.workers.reward_model import RewardModelWorker
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams, eos_token_ids
 from lucidrl.workers.train_state import (

@@ -30,9 +30,8 @@ import torch
 
 from lucidrl.batch import Batch
 from lucidrl.diagnostics.errors import UserError
+from lucidrl.protocol import WEIGHTS_PATH, error_message
 from lucidrl.workers.rollout_hf import SamplingParams, batch_from_token_lists
-
-WEIGHTS_PATH = "/lucidrl/weights"  # lucidrl serve: GET says whether it takes weights, POST pushes them
 
 
 class RolloutServerError(UserError, RuntimeError):
@@ -95,7 +94,7 @@ class ServerRollout:
         self.max_weights_bytes = body.get("max_bytes")
         served = body.get("config")
         if model_config is not None and isinstance(served, dict):
-            from lucidrl.serving.protocol import fingerprint_differences, model_fingerprint
+            from lucidrl.protocol import fingerprint_differences, model_fingerprint
 
             differ = fingerprint_differences(model_fingerprint(model_config), served)
             if differ:
@@ -125,7 +124,7 @@ class ServerRollout:
         if status != 200:
             raise RolloutServerError(
                 f"{self.base_url}{WEIGHTS_PATH} refused the actor's weights ({len(named)} tensors, "
-                f"{len(raw) / 2**20:.1f} MiB): HTTP {status}: {_error_message(body)}"
+                f"{len(raw) / 2**20:.1f} MiB): HTTP {status}: {error_message(body)}"
             )
         return f"pushed v{body.get('version')}"
 
@@ -163,7 +162,7 @@ class ServerRollout:
         status, body = self._http("POST", "/v1/completions", payload, purpose="completion request")
         if status != 200:
             raise RolloutServerError(
-                f"{self.base_url}/v1/completions answered HTTP {status}: {_error_message(body)}"
+                f"{self.base_url}/v1/completions answered HTTP {status}: {error_message(body)}"
             )
         ids, logps = self._parse_choices(
             body, expected=len(prompts) * n, want_logprobs=params.do_sample, max_tokens=params.max_new_tokens
@@ -179,7 +178,7 @@ class ServerRollout:
         status, body = self._http("GET", "/health", purpose="health check")
         if status not in (200, 404):
             raise RolloutServerError(
-                f"health check GET {self.base_url}/health answered HTTP {status}: {_error_message(body)}; "
+                f"health check GET {self.base_url}/health answered HTTP {status}: {error_message(body)}; "
                 "the server is up but not ready (still loading the model?)"
             )
         if model_name is None and status == 200 and isinstance(body, dict):
@@ -191,7 +190,7 @@ class ServerRollout:
         if status != 200 or not data or "id" not in data[0]:
             raise RolloutServerError(
                 f"GET {self.base_url}/v1/models answered HTTP {status} without a model list "
-                f"({_error_message(body)}); is it an OpenAI-compatible server? Pass model_name to skip this."
+                f"({error_message(body)}); is it an OpenAI-compatible server? Pass model_name to skip this."
             )
         return str(data[0]["id"])
 
@@ -276,18 +275,6 @@ class ServerRollout:
                     )
                 logps.append([float(x) for x in lp])
         return ids, (logps if want_logprobs else None)
-
-
-def _error_message(body: Any) -> str:
-    """The message of an OpenAI-style error body ({"error": {"message"}}) or vLLM's older flat one."""
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and "message" in err:
-            param = err.get("param")
-            return f"{err['message']}" + (f" (param: {param})" if param else "")
-        if "message" in body:
-            return str(body["message"])
-    return str(body)[:500] if body else "(empty body)"
 
 
 def _opener_for(base_url: str) -> tuple[urllib.request.OpenerDirector, str | None]:

@@ -110,7 +110,7 @@ class VLLMRollout:
                 os.environ.setdefault(key, str(value))
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             if "MASTER_PORT" not in os.environ:
-                from lucidrl.controller.distributed import pick_port
+                from lucidrl.workers.distributed import pick_port
 
                 os.environ["MASTER_PORT"] = str(pick_port("127.0.0.1", None))
         _refuse_unsupported_checkpoint(model_path)

@@ -118,7 +118,7 @@ def save_train_state(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    from lucidrl.controller.distributed import reshard
+    from lucidrl.workers.distributed import reshard
 
     weights = path / WEIGHTS
     sharded = dist.is_initialized() and dist.get_world_size() > 1

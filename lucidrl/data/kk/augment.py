@@ -17,8 +17,8 @@ import json
 import random
 from collections.abc import Sequence
 
-from lucidrl.data.kk.generator import NAMES, Puzzle, make_row, render_puzzle
-from lucidrl.data.kk.logic import from_json
+from lucidrl.data.kk.generator import NAMES, make_row, render_puzzle
+from lucidrl.data.kk.logic import Puzzle, from_json
 
 
 def puzzle_from_row(row: dict) -> Puzzle:

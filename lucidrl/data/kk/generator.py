@@ -10,9 +10,20 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from lucidrl.data.kk.logic import BINARY_OPS, Binary, Leaf, Not, Statement, puzzle_key, solve, to_json
+from lucidrl.data.kk.logic import (
+    BINARY_OPS,
+    Binary,
+    Leaf,
+    Not,
+    Puzzle,
+    Statement,
+    format_solution,
+    puzzle_key,
+    solve,
+    to_json,
+)
+from lucidrl.data.kk.trace import trace_response
 
 DATA_SOURCE = "kk_logic"
 MIN_PEOPLE = 2
@@ -57,19 +68,6 @@ SENTENCE_TEMPLATES = (
     "{name} stated that {s}.",
     '{name} remarked, "{S}".',
 )
-
-
-@dataclass(frozen=True)
-class Puzzle:
-    """One K&K puzzle: who says what, the names used in the text, and its unique solution."""
-
-    statements: tuple[Statement, ...]
-    names: tuple[str, ...]
-    knights: tuple[bool, ...]
-
-    @property
-    def n_people(self) -> int:
-        return len(self.statements)
 
 
 def sample_statement(speaker: int, n_people: int, rng: random.Random) -> Statement:
@@ -142,16 +140,6 @@ def render_puzzle(puzzle: Puzzle, rng: random.Random) -> str:
     return " ".join(parts)
 
 
-def format_solution(names: Sequence[str], knights: Sequence[bool]) -> str:
-    """The expected answer text: "(1) Zoey is a knight\\n(2) Oliver is a knave", one line per person."""
-    if len(names) != len(knights):
-        raise ValueError(f"format_solution got {len(names)} names {list(names)} but {len(knights)} roles")
-    return "\n".join(
-        f"({k}) {name} is a {'knight' if knight else 'knave'}"
-        for k, (name, knight) in enumerate(zip(names, knights, strict=True), start=1)
-    )
-
-
 def answer_response(puzzle: Puzzle) -> str:
     """The supervised response for a row: the rest of the assistant turn after the pre-filled "<think>".
 
@@ -166,8 +154,6 @@ def make_row(puzzle: Puzzle, text: str, split: str, index: int, trace: bool = Fa
     With `trace`, the supervised `response` reasons through a truth table first (see kk/trace.py).
     """
     if trace:
-        from lucidrl.data.kk.trace import trace_response  # imported here: trace.py builds on this module
-
         response = trace_response(puzzle)
     else:
         response = answer_response(puzzle)

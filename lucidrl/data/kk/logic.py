@@ -275,3 +275,26 @@ def _leaf_from_json(obj: Any, parent: Any) -> Leaf:
     if not isinstance(child, Leaf):
         raise ValueError(f"bad K&K statement {parent!r}: its child {obj!r} must be a leaf (depth at most 2)")
     return child
+
+
+@dataclass(frozen=True)
+class Puzzle:
+    """One K&K puzzle: who says what, the names used in the text, and its unique solution."""
+
+    statements: tuple[Statement, ...]
+    names: tuple[str, ...]
+    knights: tuple[bool, ...]
+
+    @property
+    def n_people(self) -> int:
+        return len(self.statements)
+
+
+def format_solution(names: Sequence[str], knights: Sequence[bool]) -> str:
+    """The expected answer text: "(1) Zoey is a knight\\n(2) Oliver is a knave", one line per person."""
+    if len(names) != len(knights):
+        raise ValueError(f"format_solution got {len(names)} names {list(names)} but {len(knights)} roles")
+    return "\n".join(
+        f"({k}) {name} is a {'knight' if knight else 'knave'}"
+        for k, (name, knight) in enumerate(zip(names, knights, strict=True), start=1)
+    )

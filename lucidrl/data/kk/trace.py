@@ -34,8 +34,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from lucidrl.data.kk.generator import Puzzle, format_solution
-from lucidrl.data.kk.logic import Binary, Leaf, Not, Statement, evaluate
+from lucidrl.data.kk.logic import Binary, Leaf, Not, Puzzle, Statement, evaluate, format_solution
 
 # "implies" reads "if A then B" in the puzzle text; the trace keeps only the joining word.
 OP_WORDS = {"and": "and", "or": "or", "implies": "then", "iff": "iff"}

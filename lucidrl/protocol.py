@@ -1,4 +1,9 @@
-"""The OpenAI completions request lucidrl's server accepts: parsing, validation and error bodies.
+"""The HTTP wire format between lucidrl's rollout client and a completions server: one place.
+
+The server side (`lucidrl serve`, lucidrl/serving/) parses and validates the OpenAI completions
+request it accepts and answers errors in OpenAI's shape; the client side (the `server` rollout
+engine, lucidrl/workers/rollout_server.py) reads those error bodies (and vLLM's), compares model
+fingerprints, and pushes weights to `WEIGHTS_PATH`.
 
 Every rejected request names the offending field (`param`), the value it got and what to send
 instead, in OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`. Fields the
@@ -40,6 +45,7 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "skip_special_tokens": (True, None),
 }
+WEIGHTS_PATH = "/lucidrl/weights"  # lucidrl serve: GET says whether it takes weights, POST pushes them
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -301,3 +307,15 @@ def _boolean(body: dict[str, Any], key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise RequestError(f"{key} must be true or false, got {_short(value)}", key)
     return value
+
+
+def error_message(body: Any) -> str:
+    """The message of an OpenAI-style error body ({"error": {"message"}}) or vLLM's older flat one."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            param = err.get("param")
+            return f"{err['message']}" + (f" (param: {param})" if param else "")
+        if "message" in body:
+            return str(body["message"])
+    return str(body)[:500] if body else "(empty body)"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from lucidrl.config import ConfigError, LucidConfig
-from lucidrl.config.schema import PoolConfig
+from lucidrl.config.errors import ConfigError
+from lucidrl.config.schema import LucidConfig, PoolConfig
 
 ROLES = ("actor", "rollout", "reference", "critic", "reward_model")
 

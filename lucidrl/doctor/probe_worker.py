@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 from lucidrl.batch import Batch
-from lucidrl.controller.dispatch import Dispatch, dispatch
-from lucidrl.controller.distributed import DistInfo, init_process_group
-from lucidrl.controller.rank_metrics import Combine, RankMetrics
 from lucidrl.diagnostics.errors import UserError
+from lucidrl.workers.dispatch import Dispatch, dispatch
+from lucidrl.workers.distributed import DistInfo, init_process_group
+from lucidrl.workers.rank_metrics import Combine, RankMetrics
 
 
 class TwoArgError(Exception):

@@ -1,7 +1,7 @@
 """The parts of `lucidrl doctor` that run in a child process, because they can hang or abort one.
 
-    python -m lucidrl.diagnostics.probes compile [--device cuda] [--dtype bfloat16]
-    python -m lucidrl.diagnostics.probes dist --rank R --world W --port P --backend gloo|nccl
+    python -m lucidrl.doctor.probes compile [--device cuda] [--dtype bfloat16]
+    python -m lucidrl.doctor.probes dist --rank R --world W --port P --backend gloo|nccl
 
 Each prints one JSON line on stdout as its last line; the doctor reads it, or the stderr tail when
 the child died.
@@ -57,7 +57,7 @@ def probe_dist(rank: int, world: int, port: int, backend: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from lucidrl.controller.distributed import DistInfo, init_process_group
+    from lucidrl.workers.distributed import DistInfo, init_process_group
 
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -69,7 +69,7 @@ def probe_dist(rank: int, world: int, port: int, backend: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lucidrl.diagnostics.probes")
+    p = argparse.ArgumentParser(prog="python -m lucidrl.doctor.probes")
     sub = p.add_subparsers(dest="probe", required=True)
     c = sub.add_parser("compile")
     c.add_argument("--device", default="cpu")

@@ -27,7 +27,6 @@ import json
 import shutil
 import statistics
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,28 +37,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from lucidrl.config import config_from_dict
+from lucidrl.data.kk.corpus import kk_tokenizer_corpus
 from lucidrl.diagnostics.errors import UsageError
-
-
-def kk_tokenizer_corpus(seed: int = 0, n_puzzles: int = 400) -> Iterator[str]:
-    """Text to train the tiny model's tokenizer on: K&K prompts, direct answers and reasoning traces.
-
-    The traces (`lucidrl data kk --trace`) are in so the tokenizer learns their pieces (" K", ":N",
-    "=F", " ok", ...) as single tokens, which keeps traced responses short.
-    """
-    from lucidrl.data.kk import generate_dataset
-
-    rows, _ = generate_dataset((2, 5), n_puzzles, 0, seed=seed + 10_000, trace=True)
-    for row in rows:
-        for m in row["prompt"]:
-            yield m["content"]
-        yield (
-            "<think> </think> <answer> "
-            + row["reward_model"]["ground_truth"]["solution_text_format"]
-            + " </answer>"
-        )
-        yield "<think>" + row["response"]
-
 
 # per number of people, what the plan defaults to (DemoPlan's fields left at None). 2-person K&K has 285
 # distinct puzzles in all (TWO_PERSON_PUZZLES; 556 if the order people are introduced in counted, but a
@@ -304,7 +283,7 @@ def grpo_config(model: str, files: dict, run_dir: Path, plan: DemoPlan, seed: in
 
 
 def _accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[str, float]:
-    from lucidrl.evaluation import evaluate
+    from lucidrl.trainer.evaluation import evaluate
 
     r = evaluate(str(path), [files["val"]], k=plan.eval_k, max_new_tokens=plan.max_new_tokens, seed=seed)[
         "data_sources"
@@ -337,7 +316,7 @@ def _pool_accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[s
     2-person K&K has only 285 distinct puzzles, and GRPO sees each of its pool's many times; a 3-person
     pool of thousands is drawn from once each, so there these are prompts GRPO saw one time.
     """
-    from lucidrl.evaluation import evaluate
+    from lucidrl.trainer.evaluation import evaluate
 
     r = evaluate(
         str(path), [files["pool_drawn"]], k=1, max_new_tokens=plan.max_new_tokens, seed=seed, sampled=False,
@@ -355,9 +334,9 @@ def learning_curve(
     {"step", "greedy_acc", "greedy_trace_ok"} of its final model. Its last checkpoint holds those
     weights, not its step's, so it is left out, and the final model is the point at the step it holds.
     """
-    from lucidrl.evaluation import evaluate
-    from lucidrl.report import read_metrics
     from lucidrl.trainer.checkpoint import saved_steps
+    from lucidrl.trainer.evaluation import evaluate
+    from lucidrl.trainer.report import read_metrics
 
     step_s = dict(read_metrics(run_dir / "metrics.jsonl").series.get("timing_s/step", []))
 
