@@ -161,12 +161,39 @@ def test_reinforce_pp_returns_are_whitened_over_the_mask():
     assert masked_var(adv, mask).item() == pytest.approx(1.0, abs=1e-4)
 
 
-def test_reinforce_pp_resets_at_masked_token():
-    # mask [1, 0, 1], gamma 1: the reward after the gap does not flow back past it (verl's reset).
-    rewards = torch.tensor([[1.0, 9.0, 1.0], [2.0, 0.0, 0.0]])
-    mask = torch.tensor([[1, 0, 1], [1, 0, 0]])
-    _, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=1.0)
-    assert torch.equal(ret, torch.tensor([[1.0, 0.0, 1.0], [2.0, 0.0, 0.0]]))
+def test_reinforce_pp_carries_the_return_across_masked_tokens():
+    # A tool's output (masked) between two turns, gamma .5: the masked reward 9 is ignored, the running
+    # return passes the gap undiscounted (verl 0.9.1), and the masked token's return is 0.
+    #   row 0, mask [1, 0, 0, 1], rewards [1, 9, 9, 4]: t3 G = 4; t2, t1 skipped; t0 G = 1 + .5 * 4 = 3
+    #   row 1, mask [1, 1, 0, 0] (padding), rewards [2, 2, 7, 7]: t1 G = 2; t0 G = 2 + .5 * 2 = 3
+    rewards = torch.tensor([[1.0, 9.0, 9.0, 4.0], [2.0, 2.0, 7.0, 7.0]])
+    mask = torch.tensor([[1, 0, 0, 1], [1, 1, 0, 0]])
+    _, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
+    assert torch.equal(ret, torch.tensor([[3.0, 0.0, 0.0, 4.0], [3.0, 2.0, 0.0, 0.0]]))
+
+
+def test_reinforce_pp_returns_equal_gae_returns_with_gaps():
+    # Both estimators skip masked tokens the same way: with gamma = lam = 1 and values 0, GAE's returns
+    # (A + V) are the reward-to-go over unmasked tokens, which is REINFORCE++'s G.
+    torch.manual_seed(7)
+    rewards = torch.randn(4, 7)
+    mask = torch.tensor(
+        [[1, 1, 0, 0, 1, 1, 0], [1, 0, 1, 0, 1, 0, 1], [1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 0, 0, 0]]
+    )
+    _, ret_rpp = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=1.0)
+    _, ret_gae = compute_gae_advantage_return(rewards, torch.zeros(4, 7), mask, gamma=1.0, lam=1.0)
+    assert torch.allclose(ret_rpp, ret_gae, atol=1e-6)
+    # and the first token of row 1 collects every later unmasked reward
+    assert ret_rpp[1, 0].item() == pytest.approx(rewards[1, [0, 2, 4, 6]].sum().item(), abs=1e-6)
+
+
+def test_reinforce_pp_nan_reward_on_masked_token_does_not_leak():
+    rewards = torch.tensor([[1.0, float("nan"), 2.0]])
+    adv, ret = compute_reinforce_plus_plus_outcome_advantage(
+        rewards.repeat(2, 1), torch.tensor([[1, 0, 1], [1, 0, 1]]), gamma=1.0
+    )
+    assert torch.equal(ret[0], torch.tensor([3.0, 0.0, 2.0]))
+    assert torch.isfinite(adv).all()
 
 
 def test_reinforce_pp_rejects_bad_gamma():

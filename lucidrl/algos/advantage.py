@@ -223,9 +223,15 @@ def compute_reinforce_plus_plus_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted reward-to-go per token, whitened over the whole batch (no critic).
 
-        G_t = r_t + gamma * G_{t+1}   on unmasked tokens; G = 0 at a masked token, which also cuts
-                                      the sum (rewards after a masked token do not flow back past it)
+        G_t = r_t + gamma * G_t'      on unmasked tokens, t' the next unmasked token (G = 0 past the
+                                      last); a masked token is skipped: its reward is ignored, the
+                                      running return passes it unchanged and undiscounted, and G = 0 there
         advantages = masked_whiten(G) over every unmasked token of the batch, 0 at masked tokens.
+
+    Masked tokens inside a response (a tool's output between two turns of a multi-turn rollout) are
+    skipped, not a reset: a reward after them still reaches the earlier turns. That is verl 0.9.1's
+    behaviour and the same skipping `compute_gae_advantage_return` does, so with gamma = lam = 1 and
+    values 0 the two estimators' returns agree.
 
     Whitening across the batch (not per prompt) is what distinguishes it from GRPO; with the KL
     penalty usually folded into token_level_rewards it is the token-level KL variant of the paper.
@@ -252,8 +258,9 @@ def compute_reinforce_plus_plus_outcome_advantage(
         running = torch.zeros(rewards.shape[0], dtype=dtype, device=rewards.device)
         returns = torch.zeros_like(rewards)
         for t in reversed(range(rewards.shape[1])):
-            running = torch.where(valid[:, t], rewards[:, t] + gamma * running, 0.0)
-            returns[:, t] = running
+            # where, not arithmetic with the mask: a masked token's reward (even NaN) never enters
+            running = torch.where(valid[:, t], rewards[:, t] + gamma * running, running)
+            returns[:, t] = torch.where(valid[:, t], running, 0.0)
         advantages = torch.where(valid, masked_whiten(returns, response_mask), 0.0)
     return advantages, returns
 
