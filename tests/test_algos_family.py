@@ -318,13 +318,27 @@ def _estimator_inputs(bs: int = 8, T: int = 5) -> dict:
         "lam": 0.95,
         "norm_adv_by_std_in_grpo": True,
         "reward_baselines": torch.randn(bs),
+        # the optimal token baselines' inputs from the old-log-prob pass, NaN on padding as well
+        "old_log_probs": torch.where(mask.bool(), -torch.rand(bs, T) * 2, float("nan")),
+        "sum_pi_squared": torch.where(mask.bool(), torch.rand(bs, T) * 0.5 + 0.1, float("nan")),
     }
 
 
 def test_every_registered_estimator_shapes_and_exact_zero_mask():
     names = list_advantage_estimators()
-    expected = {"gae", "grpo", "grpo_passk", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"}
-    assert expected | {"remax", "rloo"} <= set(names)
+    # verl 0.9.1's registered estimators, every one
+    expected = {
+        "gae",
+        "gdpo",
+        "gpg",
+        "grpo",
+        "grpo_passk",
+        "grpo_vectorized",
+        "opo",
+        "optimal_token_baseline",
+    }
+    expected |= {"reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "rloo_vectorized"}
+    assert expected | {"tir_optimal_token_baseline"} <= set(names)
     available = _estimator_inputs()
     mask = available["response_mask"]
     for name in names:
@@ -457,22 +471,35 @@ def test_reinforce_loss_and_gradient():
 
 
 def test_every_registered_loss_takes_the_actor_kwargs_and_reports_metrics():
+    from lucidrl.algos import policy_loss_agg_mode
+    from lucidrl.config.schema import ActorConfig, RolloutCorrectionConfig
+    from lucidrl.workers.actor import policy_loss_kwargs
+
     names = list_policy_losses()
-    assert {"vanilla", "gspo", "cispo", "reinforce"} <= set(names)
+    # verl 0.9.1's registered policy losses, every one, and lucidrl's reinforce
+    expected = {"bypass_mode", "cispo", "clip_cov", "dppo_kl", "dppo_tv", "dro", "geo_mean", "gpg", "gspo"}
+    assert expected | {"kl_cov", "sapo", "vanilla", "reinforce"} <= set(names)
     torch.manual_seed(5)
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]).float()
     for name in names:
+        cfg = ActorConfig(policy_loss=name, clip_ratio_high=0.28, dro_beta=0.1)
+        cfg.loss_agg_mode = policy_loss_agg_mode(name) or "token-mean"
+        available = policy_loss_kwargs(
+            cfg, RolloutCorrectionConfig(rollout_is="token"), torch.rand(3, 4) + 0.5
+        )
+        fn = get_policy_loss(name)
+        params = inspect.signature(fn).parameters
+        assert set(params) - {"old_log_prob", "log_prob", "advantages", "response_mask"} <= set(available), (
+            name
+        )
         old = torch.randn(3, 4) - 2
         log_prob = (old + 0.3 * torch.randn(3, 4)).requires_grad_(True)
-        loss, metrics = get_policy_loss(name)(
+        loss, metrics = fn(
             old_log_prob=old,
             log_prob=log_prob,
             advantages=torch.randn(3, 4),
             response_mask=mask,
-            clip_ratio_low=0.2,
-            clip_ratio_high=0.28,
-            clip_ratio_c=3.0,
-            loss_agg_mode="token-mean",
+            **{k: v for k, v in available.items() if k in params},
         )
         assert loss.ndim == 0 and loss.requires_grad, name
         assert {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"} <= set(metrics), name

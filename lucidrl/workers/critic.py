@@ -17,7 +17,7 @@ from lucidrl.models.loading import ModelLoadError
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.actor import NonFiniteLossError
 from lucidrl.workers.forward import sequence_inputs
-from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows, token_shares
+from lucidrl.workers.micro_batches import loss_mask, loss_weights, micro_batches, scatter_rows, token_shares
 from lucidrl.workers.optim import build_optimizer, step_if_finite
 from lucidrl.workers.rank_metrics import Combine, RankMetrics
 
@@ -129,7 +129,8 @@ class CriticWorker:
                 for ub, weight, share in zip(ubs, weights, shares, strict=True):
                     with compute_context(self.model, self.compute_dtype):
                         vpreds = response_values(self.model, ub)
-                    returns, values, mask = ub["returns"], ub["values"], ub["response_mask"]
+                    # rollout correction's rejected tokens count for the critic neither (as verl's mask)
+                    returns, values, mask = ub["returns"], ub["values"], loss_mask(ub)
                     if self.norm_width is not None:
                         vpreds, returns, values, mask = pad_response_width(
                             self.norm_width, vpreds, returns, values, mask
