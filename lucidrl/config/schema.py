@@ -446,6 +446,16 @@ class LucidConfig:
         """Prompts per mini-batch of the critic's update: its own setting, else the actor's."""
         return self.critic.ppo_mini_batch_size or self.actor.ppo_mini_batch_size
 
+    @property
+    def actor_mini_batch_samples(self) -> int:
+        """Samples per mini-batch of the actor's update: actor.ppo_mini_batch_size prompts x rollout.n."""
+        return self.actor.ppo_mini_batch_size * self.rollout.n
+
+    @property
+    def critic_mini_batch_samples(self) -> int:
+        """Samples per mini-batch of the critic's update: critic_mini_batch_prompts x rollout.n."""
+        return self.critic_mini_batch_prompts * self.rollout.n
+
 
 @dataclass
 class SFTDataConfig:

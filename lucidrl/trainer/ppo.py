@@ -214,11 +214,11 @@ class PPOTrainer:
             debug_hop("trainer -> critic/actor update", batch)
             if w.critic is not None:
                 with timer("update_critic", t):
-                    ordered = self._by_mini_batch(batch, cfg.critic_mini_batch_prompts, w.critic)
+                    ordered = self._by_mini_batch(batch, cfg.critic_mini_batch_samples, w.critic)
                     metrics.update(w.critic.update_critic(ordered))
             if updates_actor:
                 with timer("update_actor", t):
-                    ordered = self._by_mini_batch(batch, cfg.actor.ppo_mini_batch_size, w.actor)
+                    ordered = self._by_mini_batch(batch, cfg.actor_mini_batch_samples, w.actor)
                     metrics.update(w.actor.update_actor(ordered))
                 with timer("sync_weights", t):
                     w.actor.sync_rollout()
@@ -227,10 +227,10 @@ class PPOTrainer:
         metrics["training/epoch"] = float(self.data_epoch)  # of the last prompt batch drawn, from 0
         return metrics
 
-    def _by_mini_batch(self, batch: Batch, prompts: int, group) -> Batch:
+    def _by_mini_batch(self, batch: Batch, samples: int, group) -> Batch:
         """`batch` ordered so that each of `group`'s ranks gets its part of every global mini-batch of
-        `prompts` prompts (dispatch.mini_batch_order): the same optimizer steps on any number of ranks."""
-        return mini_batch_order(batch, prompts * self.cfg.rollout.n, group.world_size)
+        `samples` samples (dispatch.mini_batch_order): the same optimizer steps on any number of ranks."""
+        return mini_batch_order(batch, samples, group.world_size)
 
     def validate(self) -> dict[str, float]:
         w, cfg = self.workers, self.cfg
