@@ -254,6 +254,7 @@ def test_the_pool_accuracy_is_measured_on_the_first_distinct_puzzles_grpo_drew(t
     assert rows[0] == pool[7]  # as first written: prompt, ground truth and all
 
 
+@pytest.mark.slow
 def test_learning_curve_points_their_times_and_a_restored_end(tmp_path, kk_data, tiny_model, monkeypatch):
     """Each complete checkpoint once (a killed save's .tmp left out), at its run's summed step times; a run
     that ended on restored weights has them as its point at the step they hold, and its last checkpoint
