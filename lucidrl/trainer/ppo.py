@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -128,6 +129,8 @@ class PPOTrainer:
         self.first_val: dict[str, float] = {}
         self.resumed_from: Path | None = None
         self.resume_changes: dict[str, tuple] = {}
+        # called with (step, metrics) after each step's metrics are logged: a progress display's hook
+        self.on_step: Callable[[int, dict[str, float]], None] | None = None
         if resume is not None:
             self.resume(resume)
         # after the resume: one that is refused opens no tracker run
@@ -254,7 +257,10 @@ class PPOTrainer:
         with self.tracker, self.workers:
             cfg = self.cfg.trainer
             if cfg.val_before_train and self.resumed_from is None:
-                self.tracker.log(self.validate(), step=0)
+                before = self.validate()
+                self.tracker.log(before, step=0)
+                if self.on_step is not None:
+                    self.on_step(0, before)
             self.guard.start(self.global_step)
             start = time.perf_counter()
             while self.global_step < self.total_steps:
@@ -268,6 +274,8 @@ class PPOTrainer:
                 if (cfg.test_freq and self.global_step % cfg.test_freq == 0) or last:
                     metrics.update(self.validate())
                 self.tracker.log(metrics, step=self.global_step)
+                if self.on_step is not None:
+                    self.on_step(self.global_step, metrics)
                 if cfg.save_freq and (self.global_step % cfg.save_freq == 0 or last):
                     self._save_or_say_why_not(verdict.collapsed)
                 if out_of_time:
