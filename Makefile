@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast lint venv clean
+.PHONY: demo test test-fast lint docs venv clean
 
 venv: $(STAMP)
 
@@ -35,5 +35,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check lucidrl tests benchmarks
 	$(VENV)/bin/lint-imports --no-cache
 
+# the manual: docs/ built with MkDocs (Material), strictly (a broken link or page fails); the
+# configuration reference is regenerated from the schema first
+docs: $(STAMP)
+	$(PY) -m lucidrl.config.reference docs/reference/configuration.md
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d site
+	@echo "docs built: site/index.html"
+
 clean:
-	rm -rf $(VENV) outputs runs .pytest_cache
+	rm -rf $(VENV) outputs runs site .pytest_cache

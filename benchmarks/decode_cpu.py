@@ -50,7 +50,7 @@ def multinomial(probs: torch.Tensor) -> torch.Tensor:
 
 
 def masked_after_matmul(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """decode.shared_prefix_attention as of the previous release: the prompt part's scores scaled and
+    """shared_prefix.shared_prefix_attention as of the previous release: the prompt part's scores scaled and
     masked after the matmul (two more passes over a (prompts, kv heads, n x group, P) tensor)."""
     prefix = kwargs["shared_prefix"]
     layer = module.layer_idx
@@ -100,7 +100,7 @@ def main() -> None:
 
     from lucidrl.data.dataset import collate, load_prompts
     from lucidrl.models import load_model, load_tokenizer
-    from lucidrl.workers import decode
+    from lucidrl.workers import decode, shared_prefix
     from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
 
     torch.manual_seed(0)
@@ -130,7 +130,7 @@ def main() -> None:
     )
 
     def attention(fn) -> None:
-        AttentionInterface.register(decode.SHARED_PREFIX_ATTENTION, fn)
+        AttentionInterface.register(shared_prefix.SHARED_PREFIX_ATTENTION, fn)
 
     names = args.only.split(",")
     for name in names:
@@ -143,7 +143,7 @@ def main() -> None:
         rollout = HFRollout(model, tok, micro_batch_size=64 if level <= 1 else rows, decode_loop=loop)
         decode.sample_tokens = sample_tokens if level >= 3 else multinomial  # type: ignore[assignment]
         decode._can_share_prefix = shared_ok if level >= 4 else (lambda m, span: False)  # type: ignore[assignment]
-        attention(decode.shared_prefix_attention if level >= 5 else masked_after_matmul)
+        attention(shared_prefix.shared_prefix_attention if level >= 5 else masked_after_matmul)
         decode.MIN_COMMON_PREFIX = min_common if level >= 6 else 10**9
         try:
             start = time.perf_counter()
@@ -152,7 +152,7 @@ def main() -> None:
         finally:
             decode._can_share_prefix, decode.sample_tokens = shared_ok, sample_tokens
             decode.MIN_COMMON_PREFIX = min_common
-            attention(decode.shared_prefix_attention)
+            attention(shared_prefix.shared_prefix_attention)
 
     for name in names:  # warm-up
         run(name, SamplingParams(n=N_SAMPLES, max_new_tokens=8), warm)

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 N_PROMPTS, N_SAMPLES = 16, 8
-MAX_NEW = 160  # new tokens per response: main() sets the demo's own (DemoPlan.max_new_tokens by puzzle size)
+MAX_NEW = 160  # new tokens per response: main() sets the demo's own (ScarceLabelsPlan.max_new_tokens by puzzle size)
 LR, WARMUP, KL_COEF, CLIP = 1e-4, 3, 0.02, 0.2
 
 
@@ -66,10 +66,10 @@ def greedy_accuracy(model_dir: str, val: str) -> float:
 
 def worker_lucidrl(demo: Path, steps: int, every: int, work: Path) -> dict:
     from lucidrl.config import config_from_dict
-    from lucidrl.experiments.scarce_labels import DemoPlan, grpo_config
+    from lucidrl.experiments.scarce_labels import ScarceLabelsPlan, grpo_config
     from lucidrl.trainer.ppo import PPOTrainer
 
-    plan = DemoPlan(rl_prompts=N_PROMPTS, rl_n=N_SAMPLES, rl_lr=LR, rl_warmup=WARMUP, kl_coef=KL_COEF)
+    plan = ScarceLabelsPlan(rl_prompts=N_PROMPTS, rl_n=N_SAMPLES, rl_lr=LR, rl_warmup=WARMUP, kl_coef=KL_COEF)
     plan.max_new_tokens = MAX_NEW
     files = {"unlabelled": str(demo / "data" / "unlabelled.parquet")}
     cfg = grpo_config(str(demo / "sft" / "final"), files, work / "lucidrl", plan, seed=0)

@@ -1,4 +1,5 @@
-"""The `lucidrl` command: demo, train, sft, data, model, eval, export, report, serve, doctor, version."""
+"""The `lucidrl` command: demo, train, sft, data, model, eval, export, report, serve, doctor, experiment,
+version."""
 
 from __future__ import annotations
 
@@ -267,26 +268,35 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
+def _cmd_experiment_scarce_labels(args: argparse.Namespace) -> int:
     from lucidrl.data.kk.generator import TWO_PERSON_PUZZLES
     from lucidrl.diagnostics.errors import UsageError
-    from lucidrl.experiments.scarce_labels import DemoPlan, run_demo
+    from lucidrl.experiments.scarce_labels import ScarceLabelsPlan, run_experiment
 
     chosen = {}
     for key in ("people", "labelled", "unlabelled", "sft_s", "rl_s", "hidden", "layers", "renderings"):
         value = getattr(args, key)
         if value is not None:
             if value <= 0:
-                raise UsageError(f"lucidrl demo: --{key.replace('_s', '-seconds')} must be > 0, got {value}")
+                raise UsageError(
+                    f"lucidrl experiment scarce-labels: --{key.replace('_s', '-seconds')} must be > 0, got {value}"
+                )
             chosen[key] = value
-    plan = DemoPlan(**chosen)
+    if args.model is not None:
+        if not Path(args.model).is_dir():
+            raise UsageError(
+                f"lucidrl experiment scarce-labels: --model {args.model} is not a folder; give a HuggingFace "
+                "model folder (e.g. from `lucidrl model get smollm2-135m-instruct --out DIR`)"
+            )
+        chosen["model"] = args.model
+    plan = ScarceLabelsPlan(**chosen)
     if plan.people == 2 and plan.labelled + plan.unlabelled + plan.val > TWO_PERSON_PUZZLES:
         raise UsageError(
-            f"lucidrl demo: --labelled {plan.labelled} + --unlabelled {plan.unlabelled} + {plan.val} held out "
-            f"is more than the {TWO_PERSON_PUZZLES} distinct 2-person puzzles that exist (names, wording and "
-            "the order people are introduced in aside); lower them, or give --people 3"
+            f"lucidrl experiment scarce-labels: --labelled {plan.labelled} + --unlabelled {plan.unlabelled} + "
+            f"{plan.val} held out is more than the {TWO_PERSON_PUZZLES} distinct 2-person puzzles that exist "
+            "(names, wording and the order people are introduced in aside); lower them, or give --people 3"
         )
-    run_demo(Path(args.out), seeds=args.seeds, plan=plan)
+    run_experiment(Path(args.out), seeds=args.seeds, plan=plan)
     return 0
 
 
@@ -296,35 +306,49 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("version", help="print the version").set_defaults(fn=_cmd_version)
 
-    demo = sub.add_parser(
-        "demo", help="the scarce-label experiment on CPU: SFT on a few traces, then GRPO vs SFT alone"
+    experiment = sub.add_parser("experiment", help="experiments beyond the demo").add_subparsers(
+        dest="experiment", required=True
     )
-    demo.add_argument(
-        "--out", default="outputs/demo", help="where data, models and runs go (default outputs/demo)"
+    scarce = experiment.add_parser(
+        "scarce-labels",
+        help="K&K with few labelled traces: SFT on them, then GRPO with the verifier vs SFT alone (CPU)",
     )
-    demo.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run (default 0)")
-    demo.add_argument(
+    scarce.add_argument(
+        "--out",
+        default="outputs/scarce_labels",
+        help="where data, models and runs go (default outputs/scarce_labels)",
+    )
+    scarce.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run (default 0)")
+    scarce.add_argument(
         "--people",
         type=int,
         help="puzzle size, 2 or 3 (default 2: only 285 distinct puzzles; 3: a pool that never repeats)",
     )
-    demo.add_argument("--labelled", type=int, help="labelled traces (default 100; 200 with --people 3)")
-    demo.add_argument(
+    scarce.add_argument("--labelled", type=int, help="labelled traces (default 100; 200 with --people 3)")
+    scarce.add_argument(
         "--unlabelled",
         type=int,
         help="unlabelled puzzles for GRPO (default 85, and with --labelled and 100 held out at most 285 in "
         "all; 3000 with --people 3)",
     )
-    demo.add_argument("--sft-seconds", dest="sft_s", type=float, help="SFT before the branches (default 300)")
-    demo.add_argument("--rl-seconds", dest="rl_s", type=float, help="each branch's time (default 360)")
-    demo.add_argument("--hidden", type=int, help="model width (default 128)")
-    demo.add_argument("--layers", type=int, help="model depth (default 2)")
-    demo.add_argument(
+    scarce.add_argument(
+        "--sft-seconds", dest="sft_s", type=float, help="SFT before the branches (default 300)"
+    )
+    scarce.add_argument("--rl-seconds", dest="rl_s", type=float, help="each branch's time (default 360)")
+    scarce.add_argument("--hidden", type=int, help="model width (default 128)")
+    scarce.add_argument("--layers", type=int, help="model depth (default 2)")
+    scarce.add_argument(
         "--renderings",
         type=int,
         help="each labelled trace under this many sets of names (default 8; 4 with --people 3; 1: as is)",
     )
-    demo.set_defaults(fn=_cmd_demo)
+    scarce.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="start from this model folder (e.g. SmolLM2-135M-Instruct) instead of a tiny model built from scratch",
+    )
+    scarce.set_defaults(fn=_cmd_experiment_scarce_labels)
 
     doctor = sub.add_parser(
         "doctor", help="check this machine (and a run's config) for what training needs, with fixes"

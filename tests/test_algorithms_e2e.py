@@ -100,10 +100,13 @@ def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model):
     assert main([*toy_train_args(tmp_path, kk_data, tiny_model), *BASE, *overrides]) == 0
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
+    drawn = 0  # prompt batches taken from the loader: 32 train prompts in batches of 4, 8 per epoch
     for r in records:
         assert math.isfinite(r["actor/pg_loss"]) and r["actor/grad_norm"] > 0, r
         assert r["critic/advantages/max"] > r["critic/advantages/min"]
-        assert r["training/epoch"] >= 0 and r["actor/entropy"] > 0
+        assert r["actor/entropy"] > 0
+        drawn += int(r.get("dapo/gen_rounds", 1))
+        assert r["training/epoch"] == (drawn - 1) // 8, (drawn, r["training/epoch"])
     last = records[-1]
     if _has(overrides, "algorithm.adv_estimator=gae") and _has(overrides, "algorithm.use_kl_in_reward=true"):
         assert math.isfinite(last["critic/vf_loss"]) and "critic/vf_explained_var" in last
@@ -112,7 +115,11 @@ def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model):
         assert last["actor/reward_kl_penalty_coeff"] != pytest.approx(0.05)  # the controller moved it
     if _has(overrides, "algorithm.filter_groups.enable=true"):
         assert records[0]["dapo/gen_rounds"] >= 1 and "reward/overlong_penalty/mean" in records[0]
-        assert records[0]["dapo/groups_surplus_unused"] >= 0
+        for r in records:  # 4 prompts a round; the mixed groups beyond the batch's 4 are the surplus
+            generated = 4 * r["dapo/gen_rounds"]
+            mixed = generated - r["dapo/groups_dropped_all_same"]
+            assert r["dapo/groups_surplus_unused"] == max(0, mixed - 4)
+            assert r["dapo/filled_with_tied_groups"] == max(0, 4 - mixed)
         assert (
             records[0]["critic/groups_with_mixed_scores"] == 1.0
             or records[0]["dapo/filled_with_tied_groups"] > 0

@@ -23,9 +23,10 @@ import transformers as T
 
 from lucidrl.batch import Batch
 from lucidrl.cli import main
-from lucidrl.workers import decode
-from lucidrl.workers.decode import MIN_COMMON_PREFIX, _can_prefill_shared_prompt, sample_group
+from lucidrl.workers import decode, model_support
+from lucidrl.workers.decode import MIN_COMMON_PREFIX, sample_group
 from lucidrl.workers.forward import response_log_probs
+from lucidrl.workers.model_support import _can_prefill_shared_prompt
 from lucidrl.workers.rollout_hf import response_mask_from_ids
 
 V, PAD, EOS = 256, 0, 1
@@ -108,6 +109,7 @@ def _decode(model, prompts, mask, n: int, **kwargs):
     return sample_group(model, prompts, mask, n=n, max_new_tokens=R, eos_ids=[EOS], pad_id=PAD, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("common", COMMON_PREFIXES)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_decoding_gives_transformers_generate_tokens(name, common):
@@ -116,7 +118,7 @@ def test_greedy_decoding_gives_transformers_generate_tokens(name, common):
         input_ids=prompts, attention_mask=mask, max_new_tokens=R, do_sample=False, eos_token_id=EOS,
         pad_token_id=PAD,
     )[:, prompts.shape[1] :]  # fmt: skip
-    decode._NO_SHARED_PREFIX.discard(type(model))  # each case learns GPT-OSS's refusal anew
+    model_support._NO_SHARED_PREFIX.discard(type(model))  # each case learns GPT-OSS's refusal anew
     # the shared system prompt is prefilled once (a forward of one row) for models whose every layer
     # attends to all earlier tokens; sliding-window and chunked ones prefill every prompt whole
     once = bool(common) and _can_prefill_shared_prompt(model, prompts.shape[1] + R)
@@ -234,7 +236,7 @@ def test_a_refused_shared_prefix_leaves_the_sampling_rng_as_the_plain_path_would
     """The shared attempt samples its first token before a layer can refuse; the plain rerun then drew
     from an advanced RNG, so the first prompt a process decoded differed from the same seeded call later
     (rollout.deterministic broke for e.g. every model whose attention refuses at the first step)."""
-    from lucidrl.workers import decode
+    from lucidrl.workers import model_support
 
     _, prompts, mask = _model_and_prompts("llama")
     torch.manual_seed(0)  # soft-capped attention on all-full layers: refused by the attention itself
@@ -242,21 +244,21 @@ def test_a_refused_shared_prefix_leaves_the_sampling_rng_as_the_plain_path_would
         **COMMON, head_dim=8, layer_types=["full_attention"] * 2, attn_logit_softcapping=5.0
     )
     model = T.Gemma2ForCausalLM(config).eval()
-    decode._NO_SHARED_PREFIX.discard(type(model))
+    model_support._NO_SHARED_PREFIX.discard(type(model))
     outs = []
     for _ in range(2):
         torch.manual_seed(3)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             outs.append(_decode(model, prompts, mask, N, do_sample=True)[0])
-        assert type(model) in decode._NO_SHARED_PREFIX  # the first call tried, and fell back
+        assert type(model) in model_support._NO_SHARED_PREFIX  # the first call tried, and fell back
     # the second went the plain way at once: the same samples
     assert torch.equal(outs[0], outs[1])
 
 
 def test_models_whose_layers_are_not_attention_are_named_with_the_other_loop():
     """Mamba and hybrid models crashed inside transformers (IndexError in the cache) at the first generation."""
-    from lucidrl.workers.decode import DecodeLoopUnsupported, check_decode_loop_supported
+    from lucidrl.workers.model_support import DecodeLoopUnsupported, check_decode_loop_supported
 
     torch.manual_seed(0)
     mamba = T.MambaForCausalLM(T.MambaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=4))
@@ -285,8 +287,8 @@ def test_state_space_models_are_refused_by_the_shared_prompt_forward_naming_the_
     from lucidrl.batch import Batch
     from lucidrl.config.schema import ActorConfig
     from lucidrl.workers.actor import ActorWorker
-    from lucidrl.workers.decode import DecodeLoopUnsupported, check_decode_loop_supported
     from lucidrl.workers.forward import SharedPromptUnsupported
+    from lucidrl.workers.model_support import DecodeLoopUnsupported, check_decode_loop_supported
 
     with pytest.raises(DecodeLoopUnsupported, match="set rollout.decode_loop=transformers"):
         check_decode_loop_supported(model)
@@ -366,6 +368,7 @@ def _inkling_position_bias():
     return config, T.InklingForCausalLM
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [*CONFIGS, "inkling-position-bias"])
 def test_bf16_training_forwards_run_with_attention_in_float32_and_in_bf16(name, monkeypatch):
     """Under bf16 compute on the CPU (precision.float32_attention) every architecture's forward and
@@ -456,7 +459,7 @@ def test_the_shared_prompt_is_prefilled_whole_where_splitting_it_would_change_th
     model = REFUSED[name]().eval()
     _, prompts, mask = _model_and_prompts("llama", common=20)
     assert decode.common_prefix_length(prompts, mask) == 20
-    assert not decode._can_prefill_shared_prompt(model, prompts.shape[1] + R)
+    assert not model_support._can_prefill_shared_prompt(model, prompts.shape[1] + R)
     shapes = []
     model.register_forward_pre_hook(
         lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True

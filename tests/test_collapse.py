@@ -9,6 +9,7 @@ import pytest
 from lucidrl.config import ConfigError, config_from_dict
 from lucidrl.config.schema import CollapseConfig
 from lucidrl.trainer.collapse import CollapseMonitor
+from lucidrl.trainer.collapse_guard import CollapseGuard
 
 
 def _feed(monitor: CollapseMonitor, rows: list[dict]) -> list:
@@ -81,9 +82,9 @@ def test_the_demos_settings_ride_out_batch_noise_and_still_catch_a_collapse():
     0.5 drop stopped at step 78: steps 43-45 reached 2.07-2.37, then ordinary batches (1.08-1.27)
     pulled the short EMA 0.7 below. The demo's settings (EMA 0.9, drop 1.0) let it run, and still stop
     a real collapse (format and answers lost: scores near -3) within a few steps."""
-    from lucidrl.experiments.scarce_labels import DemoPlan, grpo_config
+    from lucidrl.experiments.scarce_labels import ScarceLabelsPlan, grpo_config
 
-    demo = grpo_config("m", {"unlabelled": "u"}, Path("r"), DemoPlan(), 0)["trainer"]["collapse"]
+    demo = grpo_config("m", {"unlabelled": "u"}, Path("r"), ScarceLabelsPlan(), 0)["trainer"]["collapse"]
     cfg = CollapseConfig(**{**demo, "min_mixed_groups_ratio": None})
     healthy = [
         1.387, 1.27, 1.145, 1.082, 1.219, 1.578, 1.66, 1.523, 0.848, 1.797, 1.309, 1.711, 1.441, 1.289, 1.109,
@@ -213,10 +214,9 @@ def _fit_with_entropies(
             save_final_model=False,
         )
     )  # fmt: skip
-    trainer.monitor = CollapseMonitor(collapse)
-    trainer.global_step, trainer.total_steps, trainer.healthy_step, trainer.collapse = 0, total_steps, 0, None
-    trainer.saturation = None
-    trainer.resumed_from, trainer.run_dir, trainer.restored_step = None, tmp_path, None
+    trainer.guard = CollapseGuard(collapse, actor, trainer.tracker.console.print, tmp_path)
+    trainer.global_step, trainer.total_steps = 0, total_steps
+    trainer.resumed_from, trainer.run_dir, trainer.on_step = None, tmp_path, None
     trainer.validate = lambda: {}
     measured = []
 
@@ -238,7 +238,7 @@ def test_the_kept_weights_are_the_last_ones_measured_healthy_not_the_next_update
     entropy_of = {0: 1.0, 1: 0.9, 2: 0.8, 3: 0.05, 4: 0.04, 5: 0.03, 6: 0.02}  # of the weights after step k
     trainer, actor, measured, printed = _fit_with_entropies(tmp_path, entropy_of, patience=2, total_steps=10)
     assert measured == [0, 1, 2, 3, 4]  # the sign first shows at step 4 (weights 3), holds at step 5
-    assert trainer.collapse.step == 5 and actor.weights == 2 and trainer.healthy_step == 2
+    assert trainer.collapse.step == 5 and actor.weights == 2 and trainer.guard.healthy_step == 2
     assert any(
         "restored the weights after step 2, the last whose rollouts showed no sign" in p for p in printed
     )

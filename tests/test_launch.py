@@ -87,7 +87,7 @@ def test_every_user_error_is_still_the_builtin_it_was():
     from lucidrl.rewards.custom import CustomFunctionError
     from lucidrl.rewards.manager import RewardFunctionError
     from lucidrl.trainer.setup import RunDirError
-    from lucidrl.workers.actor import NonFiniteLossError
+    from lucidrl.workers.optim import NonFiniteLossError
     from lucidrl.workers.rollout_server import RolloutServerError
     from lucidrl.workers.train_state import CheckpointError
 

@@ -64,6 +64,7 @@ def test_groups_stay_together_sorted_by_their_longest_response(kk_data, tiny_mod
     assert [mb["responses"].shape[1] for _, mb in chunks] == [15, 20]
 
 
+@pytest.mark.slow
 def test_sorted_log_probs_and_update_match_plain_micro_batches(kk_data, tiny_model, tiny_tokenizer):
     model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
     with torch.no_grad():
@@ -121,6 +122,7 @@ def test_sorted_log_probs_and_update_match_plain_micro_batches(kk_data, tiny_mod
     assert diff(whole, budget) < 1e-6 * max(1.0, size), diff(whole, budget)
 
 
+@pytest.mark.slow
 def test_sum_norm_divides_by_the_max_response_length_however_the_batch_is_cut_or_padded(
     kk_data, tiny_model, tiny_tokenizer
 ):
@@ -187,6 +189,7 @@ def test_sum_norm_divides_by_the_max_response_length_however_the_batch_is_cut_or
     assert diff(whole, gradient(wide, 16, False)[0]) < 1e-6 * max(1.0, size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_seq_mean_gradients_do_not_depend_on_where_an_empty_response_lands(
     kk_data, tiny_model, tiny_tokenizer, mode
@@ -229,6 +232,7 @@ def _tokens(mb):
     return len(mb) * (mb["prompts"].shape[1] + mb["responses"].shape[1])
 
 
+@pytest.mark.slow
 def test_token_budget_packs_short_groups_together_and_splits_only_what_cannot_fit(
     kk_data, tiny_model, tiny_tokenizer
 ):
@@ -263,6 +267,7 @@ def test_token_budget_packs_short_groups_together_and_splits_only_what_cannot_fi
         token_budget_micro_batches(out, prompt + 19, length_sorted=True)
 
 
+@pytest.mark.slow
 def test_token_budget_log_probs_match_fixed_micro_batches(kk_data, tiny_model, tiny_tokenizer):
     model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
     prompt = out["prompts"].shape[1]
@@ -284,6 +289,7 @@ def test_scatter_rows_restores_order_and_width():
     assert scatter_rows(parts, 3, 3).tolist() == [[2, 0, 0], [3, 4, 0], [1, 0, 0]]
 
 
+@pytest.mark.slow
 def test_entropy_is_a_graph_free_metric_unless_it_is_in_the_loss(kk_data, tiny_model, tiny_tokenizer):
     from lucidrl.workers.forward import response_log_probs
 
@@ -309,6 +315,7 @@ def test_entropy_is_a_graph_free_metric_unless_it_is_in_the_loss(kk_data, tiny_m
     assert (grads[0] - grads[1]).abs().max() > 1e-4
 
 
+@pytest.mark.slow
 def test_critic_token_budget_values_and_gradient_match_one_micro_batch(kk_data, tiny_model, tiny_tokenizer):
     from lucidrl.algos import compute_value_loss
     from lucidrl.config.schema import CriticConfig
@@ -355,6 +362,7 @@ def test_critic_token_budget_values_and_gradient_match_one_micro_batch(kk_data, 
     assert (g1 - g3).abs().max() < 1e-6 * max(1.0, g1.abs().max().item())
 
 
+@pytest.mark.slow
 def test_token_mean_metrics_do_not_move_with_the_micro_batching_under_seq_mean(
     kk_data, tiny_model, tiny_tokenizer
 ):

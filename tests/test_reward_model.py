@@ -181,6 +181,7 @@ def test_add_puts_the_rule_score_and_the_model_score_together_replace_keeps_the_
     assert replaced["token_level_scores"].sum(-1).tolist() == [0.5, -1.0] and "acc" not in extras
 
 
+@pytest.mark.slow
 def test_grpo_trains_on_the_reward_model(tmp_path, kk_data, tiny_model, reward_model_dir):
     cfg = load_config(
         None,

@@ -18,6 +18,7 @@ def _prompts(kk_data, tok, k=3):
     return collate(samples[:k], tok.pad_token_id)
 
 
+@pytest.mark.slow
 def test_generate_n_samples_with_logprobs_matching_a_training_forward(kk_data, tiny_model, tiny_tokenizer):
     model = load_model(tiny_model["path"])
     batch = _prompts(kk_data, tiny_tokenizer)
@@ -38,6 +39,7 @@ def test_generate_n_samples_with_logprobs_matching_a_training_forward(kk_data, t
     assert (lp - out["rollout_log_probs"])[mask.bool()].abs().max() < 1e-4
 
 
+@pytest.mark.slow
 def test_greedy_generation_is_deterministic_and_has_no_logprobs(kk_data, tiny_model, tiny_tokenizer):
     model = load_model(tiny_model["path"])
     batch = _prompts(kk_data, tiny_tokenizer, k=2)
@@ -59,6 +61,7 @@ def test_sampling_respects_top_k_one(kk_data, tiny_model, tiny_tokenizer):
     assert torch.equal(greedy["responses"], topk1["responses"])
 
 
+@pytest.mark.slow
 def test_lucidrl_decode_loop_matches_transformers_generate_greedy(kk_data, tiny_model, tiny_tokenizer):
     """Shared-prefix prefill, batch compaction and left padding change nothing in what is generated; a
     checkpoint's generation_config (a repetition penalty as Qwen2.5-Instruct ships, here suppressed tokens)
@@ -93,6 +96,7 @@ def test_decode_loop_stops_rows_at_eos_and_compacts(kk_data, tiny_model, tiny_to
     assert resp.shape == (8, 1) and torch.all(lp < 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 8])
 def test_decoding_stops_when_the_last_row_has_ended_not_when_all_end_at_once(
     kk_data, tiny_model, tiny_tokenizer, n
@@ -126,7 +130,7 @@ def test_decoding_stops_when_the_last_row_has_ended_not_when_all_end_at_once(
 
 
 def test_filter_logits_top_k_and_top_p():
-    from lucidrl.workers.decode import filter_logits
+    from lucidrl.workers.sampling import filter_logits
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     assert torch.isinf(filter_logits(logits, 2, 1.0)).tolist() == [[False, False, True, True]]
@@ -157,6 +161,7 @@ def test_common_prefix_length_counts_the_shared_leading_real_tokens_and_leaves_e
     assert common_prefix_length(ids, mask) == 0
 
 
+@pytest.mark.slow
 def test_a_shared_system_prompt_is_prefilled_once_with_the_same_samples_and_log_probs(
     kk_data, tiny_model, tiny_tokenizer, monkeypatch
 ):
@@ -190,7 +195,7 @@ def test_a_shared_system_prompt_is_prefilled_once_with_the_same_samples_and_log_
 
 
 def test_reserved_cache_layer_returns_what_was_written_and_grows_past_capacity():
-    from lucidrl.workers.decode import reserved_cache
+    from lucidrl.workers.kv_cache import reserved_cache
 
     cache = reserved_cache(capacity=3)
     a, b = torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4)
@@ -203,7 +208,7 @@ def test_reserved_cache_layer_returns_what_was_written_and_grows_past_capacity()
 
 
 def test_reserved_cache_in_a_dtype_converts_each_token_once_when_written():
-    from lucidrl.workers.decode import reserved_cache
+    from lucidrl.workers.kv_cache import reserved_cache
 
     cache = reserved_cache(capacity=4, dtype=torch.float32)
     a = torch.randn(2, 1, 2, 4, dtype=torch.bfloat16)
@@ -212,6 +217,7 @@ def test_reserved_cache_in_a_dtype_converts_each_token_once_when_written():
     assert torch.equal(k, a.float()) and torch.equal(v, (a * 2).float())
 
 
+@pytest.mark.slow
 def test_decoding_under_bf16_autocast_hands_shared_prefix_attention_a_float32_own_cache(
     kk_data, tiny_model, tiny_tokenizer, monkeypatch
 ):
@@ -219,15 +225,15 @@ def test_decoding_under_bf16_autocast_hands_shared_prefix_attention_a_float32_ow
     float32 once, so the attention (which computes in float32) converts nothing per step."""
     from transformers import AttentionInterface
 
-    from lucidrl.workers import decode
+    from lucidrl.workers import decode, shared_prefix
 
     seen = []
 
     def spy(module, query, key, value, *args, **kwargs):
         seen.append((key.dtype, value.dtype))
-        return decode.shared_prefix_attention(module, query, key, value, *args, **kwargs)
+        return shared_prefix.shared_prefix_attention(module, query, key, value, *args, **kwargs)
 
-    AttentionInterface.register(decode.SHARED_PREFIX_ATTENTION, spy)
+    AttentionInterface.register(shared_prefix.SHARED_PREFIX_ATTENTION, spy)
     try:
         model = load_model(tiny_model["path"]).eval()
         batch = _prompts(kk_data, tiny_tokenizer, k=2)
@@ -237,12 +243,14 @@ def test_decoding_under_bf16_autocast_hands_shared_prefix_attention_a_float32_ow
                 eos_ids=[tiny_tokenizer.eos_token_id], pad_id=0,
             )  # fmt: skip
     finally:
-        AttentionInterface.register(decode.SHARED_PREFIX_ATTENTION, decode.shared_prefix_attention)
+        AttentionInterface.register(
+            shared_prefix.SHARED_PREFIX_ATTENTION, shared_prefix.shared_prefix_attention
+        )
     assert seen and set(seen) == {(torch.float32, torch.float32)}
 
 
 def test_sample_tokens_follows_the_probabilities_and_never_draws_a_zero():
-    from lucidrl.workers.decode import sample_tokens
+    from lucidrl.workers.sampling import sample_tokens
 
     torch.manual_seed(0)
     probs = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.25, 0.0, 0.75]])
@@ -262,6 +270,7 @@ def _decode_both_ways(model, batch, **kw):
     return out
 
 
+@pytest.mark.slow
 def test_shared_prefix_attention_decodes_what_a_copied_prompt_cache_decodes(
     kk_data, tiny_model, tiny_tokenizer
 ):
@@ -278,6 +287,7 @@ def test_shared_prefix_attention_decodes_what_a_copied_prompt_cache_decodes(
     assert (lp_shared - lp_plain).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_decoding_falls_back_when_the_attention_ignores_the_shared_prefix(
     kk_data, tiny_model, tiny_tokenizer, monkeypatch
 ):
@@ -286,7 +296,7 @@ def test_decoding_falls_back_when_the_attention_ignores_the_shared_prefix(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.qwen2 import modeling_qwen2
 
-    from lucidrl.workers import decode
+    from lucidrl.workers import decode, model_support
 
     model = load_model(tiny_model["path"]).eval()
     batch = _prompts(kk_data, tiny_tokenizer, k=2)
@@ -297,19 +307,19 @@ def test_decoding_falls_back_when_the_attention_ignores_the_shared_prefix(
     monkeypatch.setattr(
         modeling_qwen2.ALL_ATTENTION_FUNCTIONS, "get_interface", lambda *a: sdpa_attention_forward
     )
-    monkeypatch.setattr(decode, "_NO_SHARED_PREFIX", set())
+    monkeypatch.setattr(model_support, "_NO_SHARED_PREFIX", set())
     with pytest.warns(UserWarning, match="copy of the prompt cache per sample"):
         resp, _ = decode.sample_group(model, batch["prompts"], batch["prompt_mask"], **kw)
     assert torch.equal(resp, expected["responses"][:, : resp.shape[1]])
-    assert type(model) in decode._NO_SHARED_PREFIX  # decided once per model class
+    assert type(model) in model_support._NO_SHARED_PREFIX  # decided once per model class
 
 
 def test_sample_tokens_at_the_top_of_the_cdf_never_lands_on_a_filtered_token(monkeypatch):
-    from lucidrl.workers import decode
+    from lucidrl.workers import sampling
 
     probs = torch.tensor([[0.2, 0.8, 0.0, 0.0]])  # the last two filtered out (top-k / top-p)
     monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(*a[0], dtype=k.get("dtype")))
-    assert decode.sample_tokens(probs).tolist() == [1]
+    assert sampling.sample_tokens(probs).tolist() == [1]
 
 
 def test_shared_prefix_scores_stay_float32_under_autocast():
@@ -317,7 +327,7 @@ def test_shared_prefix_scores_stay_float32_under_autocast():
     the attention keeps them float32: within float32 rounding of a float64 softmax attention."""
     import types
 
-    from lucidrl.workers.decode import SharedPrefix, shared_prefix_attention
+    from lucidrl.workers.shared_prefix import SharedPrefix, shared_prefix_attention
 
     torch.manual_seed(0)
     bs, n, heads, kv_heads, d, P, t = 2, 3, 4, 2, 16, 7, 5

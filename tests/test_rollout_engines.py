@@ -227,6 +227,7 @@ class FakeLLM:
         return outs
 
 
+@pytest.mark.slow
 def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_model, tiny_tokenizer):
     made = {}
 

@@ -193,6 +193,7 @@ def _read_until_closed(s: socket.socket) -> str:
     return b"".join(chunks).decode()
 
 
+@pytest.mark.slow
 def test_a_request_body_that_never_arrives_is_a_408_not_a_thread_held_forever(served, monkeypatch):
     from lucidrl.serving import server as server_module
 

@@ -151,11 +151,10 @@ def plan_groups(cfg: LucidConfig) -> list[GroupPlan]:
                 f"{wide[0].world_size} devices ({wide[0].where}); set trainer.backend=ray for data parallelism"
             )
     for p in plans:
-        for role, prompts in (
-            ("actor", cfg.actor.ppo_mini_batch_size),
-            ("critic", cfg.critic_mini_batch_prompts),
+        for role, prompts, samples in (
+            ("actor", cfg.actor.ppo_mini_batch_size, cfg.actor_mini_batch_samples),
+            ("critic", cfg.critic_mini_batch_prompts, cfg.critic_mini_batch_samples),
         ):
-            samples = prompts * cfg.rollout.n
             if role in p.roles and p.world_size > 1 and samples % p.world_size:
                 raise ConfigError(
                     f"{role}.ppo_mini_batch_size: a mini-batch of {prompts} prompts x rollout.n={cfg.rollout.n} = {samples} samples does "

@@ -225,8 +225,11 @@ class ActorConfig:
     # a registered policy loss (verl's actor.policy_loss.loss_mode): vanilla, gspo, cispo, reinforce, gpg,
     # sapo, geo_mean, dppo_tv, dppo_kl, clip_cov, kl_cov, dro, bypass_mode (docs/algorithms/)
     policy_loss: str = "vanilla"
-    # the clip range; dppo_tv / dppo_kl read them as divergence thresholds, geo_mean as log-ratio bounds
+    # the ratio is clipped below at 1 - clip_ratio_low (dppo_tv / dppo_kl: the divergence threshold where
+    # the advantage is not positive; geo_mean: the log-ratio's lower bound -clip_ratio_low)
     clip_ratio_low: Annotated[float, Range("[0, 10)")] = 0.2
+    # the ratio is clipped above at 1 + clip_ratio_high (dppo_*: the threshold where the advantage is
+    # positive; geo_mean: the log-ratio's upper bound)
     clip_ratio_high: Annotated[float, Range("[0, 10)")] = 0.2
     # dual-clip bound for negative advantages (dppo_*: the importance ratio's truncation)
     clip_ratio_c: Annotated[float, Range("> 1", "the dual-clip bound, usually 3")] = 3.0
@@ -240,17 +243,20 @@ class ActorConfig:
     kl_loss_coef: NonNegFloat = 0.001
     # k1/kl, abs, k2/mse, k3/low_var_kl, or one of them with "+" (its value, k2's gradient: k3+, ...)
     kl_loss_type: str = "low_var_kl"
-    # policy_loss=sapo: the gate's temperatures for positive / other advantages (verl's keys and defaults)
+    # policy_loss=sapo: the gate's temperature where the advantage is positive (verl's key and default)
     tau_pos: Annotated[float, Range("> 0", "the sapo gate's temperature")] = 1.0
+    # policy_loss=sapo: the gate's temperature elsewhere; larger damps negative-advantage updates more
     tau_neg: Annotated[float, Range("> 0", "the sapo gate's temperature")] = 1.05
-    # policy_loss=clip_cov (verl's actor.policy_loss.*): the share of tokens cut off at most, and the
-    # covariance window the cut tokens are drawn from
+    # policy_loss=clip_cov (verl's actor.policy_loss.clip_cov_ratio): the share of tokens whose gradient
+    # is cut off, at most (at least one token)
     clip_cov_ratio: Annotated[float, Range("(0, 1]", "a share of the tokens")] = 0.0002
+    # policy_loss=clip_cov: the cut tokens are drawn from those whose covariance of advantage and
+    # log-prob is above this lower bound...
     clip_cov_lb: Annotated[float, Range("any")] = 1.0
-    clip_cov_ub: Annotated[float, Range("any")] = 5.0
-    # policy_loss=kl_cov: the share of tokens penalised, and the penalty's coefficient
+    clip_cov_ub: Annotated[float, Range("any")] = 5.0  # ...and below this upper bound (policy_loss=clip_cov)
+    # policy_loss=kl_cov: the share of tokens (those of highest covariance) that get the KL penalty
     kl_cov_ratio: Annotated[float, Range("(0, 1]", "a share of the tokens")] = 0.0002
-    ppo_kl_coef: NonNegFloat = 0.1
+    ppo_kl_coef: NonNegFloat = 0.1  # policy_loss=kl_cov: the coefficient of that |log-ratio| penalty
     # policy_loss=dro: the quadratic log-ratio penalty's strength (required with it; verl has no default)
     dro_beta: PosFloat | None = None
 
@@ -318,9 +324,8 @@ class AlgorithmConfig:
     # adv_estimator=gdpo: the reward components normalised one by one (verl's keys): names of values the
     # reward function returns in its dict ("score" is the score itself); empty: the score alone
     gdpo_reward_keys: list[str] = field(default_factory=list)
-    gdpo_reward_weights: list[Annotated[float, Range("any", "a component's weight")]] | None = (
-        None  # None: 1 each
-    )
+    # adv_estimator=gdpo: one weight per gdpo_reward_keys entry (one for the score alone); null: 1 each
+    gdpo_reward_weights: list[Annotated[float, Range("any", "a component's weight")]] | None = None
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
@@ -501,6 +506,16 @@ class LucidConfig:
     def critic_mini_batch_prompts(self) -> int:
         """Prompts per mini-batch of the critic's update: its own setting, else the actor's."""
         return self.critic.ppo_mini_batch_size or self.actor.ppo_mini_batch_size
+
+    @property
+    def actor_mini_batch_samples(self) -> int:
+        """Samples per mini-batch of the actor's update: actor.ppo_mini_batch_size prompts x rollout.n."""
+        return self.actor.ppo_mini_batch_size * self.rollout.n
+
+    @property
+    def critic_mini_batch_samples(self) -> int:
+        """Samples per mini-batch of the critic's update: critic_mini_batch_prompts x rollout.n."""
+        return self.critic_mini_batch_prompts * self.rollout.n
 
 
 @dataclass

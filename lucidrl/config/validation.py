@@ -272,7 +272,7 @@ def _validate_rl(cfg: LucidConfig) -> None:
             f"data.train_batch_size={d.train_batch_size} is not divisible by actor.ppo_mini_batch_size="
             f"{a.ppo_mini_batch_size}; pick a mini-batch size that divides it"
         )
-    samples = a.ppo_mini_batch_size * r.n
+    samples = cfg.actor_mini_batch_samples
     _check_token_budgets(cfg)
     if samples % a.ppo_micro_batch_size and not a.use_dynamic_bsz:
         raise ConfigError(
@@ -348,7 +348,7 @@ def _validate_rl(cfg: LucidConfig) -> None:
         )
     c = cfg.critic
     if alg.adv_estimator == "gae":
-        mini = cfg.critic_mini_batch_prompts * r.n
+        mini = cfg.critic_mini_batch_samples
         if d.train_batch_size % cfg.critic_mini_batch_prompts or (
             mini % c.ppo_micro_batch_size and not c.use_dynamic_bsz
         ):

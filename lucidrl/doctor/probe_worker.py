@@ -86,13 +86,3 @@ class ProbeWorker:
         if kind == "user":
             raise ProbeInputError("probe.value=-1 must be positive; set probe.value=1")
         raise TwoArgError("worker-side detail", 42)
-
-
-def _ray_node_id() -> str:
-    """The Ray node this process runs on ("" outside Ray): tells two node processes on one host apart."""
-    try:
-        import ray
-
-        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-    except ImportError:
-        return ""

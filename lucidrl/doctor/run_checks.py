@@ -265,3 +265,13 @@ def check_rewards(cfg: Any, samples: list) -> Check:
             + (f" (text extras, not metrics: {', '.join(sorted(text))})" if text else "")
         )
     return Check("rewards", "ok", "; ".join(parts))
+
+
+def check_config_warnings(cfg: Any) -> Check:
+    """What the trainer would warn about at start (trainer/config_warnings.py), before anything runs."""
+    from lucidrl.trainer.config_warnings import config_warnings
+
+    lines = config_warnings(cfg)
+    if not lines:
+        return Check("", "ok", "nothing to warn about")
+    return Check("", "warn", " | ".join(lines), "each warning names the keys to change")

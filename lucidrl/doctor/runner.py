@@ -18,6 +18,7 @@ from lucidrl.doctor.machine import (
     check_vllm,
 )
 from lucidrl.doctor.run_checks import (
+    check_config_warnings,
     check_data,
     check_model,
     check_placement,
@@ -81,6 +82,7 @@ def run_doctor(
 def _config_checks(cfg: Any, needs: Needs, words: str, add: Callable[[str, Callable[[], Any]], Any]) -> None:
     """Placement, tokenizer, models, data, rewards: each later check needs what the earlier ones loaded."""
     add("placement", lambda: check_placement(needs, words))
+    add("warnings", lambda: check_config_warnings(cfg))
     add("run dir", lambda: check_run_dir(cfg))
     tokenizer = add("tokenizer", lambda: check_tokenizer(cfg))
     paths = [(cfg.model.path, "model.path")]

@@ -86,13 +86,6 @@ def merged(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model).merge_and_unload()
 
 
-def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter weights as peft saves them."""
-    from peft import get_peft_model_state_dict
-
-    return get_peft_model_state_dict(model)
-
-
 def load_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Put saved adapter weights into `model`; an adapter weight the file lacks is an error."""
     from peft import set_peft_model_state_dict

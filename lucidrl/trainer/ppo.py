@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -16,7 +17,6 @@ from lucidrl.config.algorithm_checks import rollout_correction_active
 from lucidrl.controller.dispatch import mini_batch_order
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
-from lucidrl.models.precision import autocast_dtype, cpu_has_native_bf16, float32_attention_wanted
 from lucidrl.trainer import checkpoint, setup
 from lucidrl.trainer.advantage import (
     apply_reward_kl,
@@ -26,7 +26,9 @@ from lucidrl.trainer.advantage import (
     rollout_log_probs,
 )
 from lucidrl.trainer.collapse import CollapseMonitor, CollapseReport
+from lucidrl.trainer.collapse_guard import CollapseGuard
 from lucidrl.trainer.collect import BatchCollector
+from lucidrl.trainer.config_warnings import config_warnings
 from lucidrl.trainer.metrics import step_metrics, timer, timing_metrics
 from lucidrl.trainer.tracking import Tracker
 from lucidrl.trainer.validation import validate
@@ -69,8 +71,6 @@ class PPOTrainer:
             else None
         )
         a = cfg.actor
-        # bf16 compute over float32 weights (autocast in every forward)
-        self.mixed_precision = autocast_dtype(cfg.model.dtype, cfg.model.compute_dtype) is not None
         # one epoch of one mini-batch per step and nothing else reading them: the old log-probs are the
         # update's own forward's, detached (ratio 1), whatever engine sampled and in whatever precision. The
         # rollout's are never used for them (vLLM and bf16 decoding round differently, a server may hold
@@ -91,15 +91,19 @@ class PPOTrainer:
         self.global_step = 0
         self.batches_drawn = 0  # batches taken from the loader's epochs so far (a resume skips them)
         self.data_epoch = 0  # the epoch of the data the last prompt batch came from
-        self.monitor = CollapseMonitor(cfg.trainer.collapse)
-        self.collapse: CollapseReport | None = None
-        self.saturation: CollapseReport | None = None  # the prompts solved (trainer/collapse.py)
-        self.healthy_step = 0  # the step whose weights the kept snapshot holds (keep_last_healthy)
-        self.restored_step: int | None = None  # set when the run ended on those weights instead of its last
+        # keeps the last healthy weights, restores them on a collapse, reports (trainer/collapse_guard.py)
+        self.guard = CollapseGuard(
+            cfg.trainer.collapse,
+            self.workers.actor,
+            lambda text: self.tracker.console.print(text),
+            self.run_dir,
+        )
         self.last_val: dict[str, float] = {}
         self.first_val: dict[str, float] = {}
         self.resumed_from: Path | None = None
         self.resume_changes: dict[str, tuple] = {}
+        # called with (step, metrics) after each step's metrics are logged: a progress display's hook
+        self.on_step: Callable[[int, dict[str, float]], None] | None = None
         if resume is not None:
             self.resume(resume)
         # after the resume: one that is refused opens no tracker run
@@ -131,41 +135,7 @@ class PPOTrainer:
             )
         if self.workers.ray_cluster:
             lines.append(f"workers: Ray actors on {self.workers.ray_cluster}")
-        if self.mixed_precision and cfg.trainer.device == "cpu" and cpu_has_native_bf16() is False:
-            lines.append(
-                "model.compute_dtype=bfloat16 on a CPU without AVX-512 BF16 or AMX: its bfloat16 matmuls are "
-                "emulated, several times slower than float32 (benchmarks/mixed_precision.py); use float32 here"
-            )
-        if (
-            self.mixed_precision
-            and cfg.trainer.device == "cpu"
-            and float32_attention_wanted(torch.device("cpu"), torch.bfloat16)
-        ):
-            lines.append(
-                "model.compute_dtype=bfloat16 on the CPU: the attention (transformers' SDPA) runs in float32, "
-                "faster than bfloat16 on CPUs without AMX (README, Speed); LUCIDRL_CPU_FLOAT32_ATTENTION=0 keeps "
-                "it in bfloat16"
-            )
-        if cfg.rollout.name == "vllm" and (cfg.model.compute_dtype or cfg.model.dtype) == "float32":
-            lines.append(
-                "rollout.name=vllm in float32 (model.dtype=float32, no model.compute_dtype): vLLM's engine runs "
-                "float32 only on slower attention backends; set model.compute_dtype=bfloat16 for it to generate "
-                "in bf16 (the actor keeps float32 weights)"
-            )
-        c = cfg.trainer.collapse
-        if c.enable and cfg.rollout.n < 2 and not (c.min_entropy or c.max_score_drop or c.max_kl):
-            lines.append(
-                "trainer.collapse watches nothing in this run: its one sign, min_mixed_groups_ratio, compares "
-                "a prompt's samples and rollout.n=1 gives one; set trainer.collapse.min_entropy or max_score_drop"
-            )
-        if cfg.model.dtype == "bfloat16":
-            trained = "actor's and critic's" if self.workers.critic is not None else "actor's"
-            lines.append(
-                f"model.dtype=bfloat16: the {trained} weights and AdamW state are bfloat16, with no float32 "
-                "master copy, so an update smaller than about 1/256 of a weight rounds away (at lr 1e-6 most "
-                "do); for bfloat16 compute over float32 master weights set model.dtype=float32 "
-                "model.compute_dtype=bfloat16"
-            )
+        lines += config_warnings(cfg)
         if self.resumed_from is not None:
             lines.append(
                 f"resumed from {self.resumed_from} after step {self.global_step} ({self.batches_drawn} batches "
@@ -239,11 +209,11 @@ class PPOTrainer:
             debug_hop("trainer -> critic/actor update", batch)
             if w.critic is not None:
                 with timer("update_critic", t):
-                    ordered = self._by_mini_batch(batch, cfg.critic_mini_batch_prompts, w.critic)
+                    ordered = self._by_mini_batch(batch, cfg.critic_mini_batch_samples, w.critic)
                     metrics.update(w.critic.update_critic(ordered))
             if updates_actor:
                 with timer("update_actor", t):
-                    ordered = self._by_mini_batch(batch, cfg.actor.ppo_mini_batch_size, w.actor)
+                    ordered = self._by_mini_batch(batch, cfg.actor_mini_batch_samples, w.actor)
                     metrics.update(w.actor.update_actor(ordered))
                 with timer("sync_weights", t):
                     w.actor.sync_rollout()
@@ -253,10 +223,10 @@ class PPOTrainer:
         metrics["training/epoch"] = float(self.data_epoch)  # of the last prompt batch drawn, from 0
         return metrics
 
-    def _by_mini_batch(self, batch: Batch, prompts: int, group) -> Batch:
+    def _by_mini_batch(self, batch: Batch, samples: int, group) -> Batch:
         """`batch` ordered so that each of `group`'s ranks gets its part of every global mini-batch of
-        `prompts` prompts (dispatch.mini_batch_order): the same optimizer steps on any number of ranks."""
-        return mini_batch_order(batch, prompts * self.cfg.rollout.n, group.world_size)
+        `samples` samples (dispatch.mini_batch_order): the same optimizer steps on any number of ranks."""
+        return mini_batch_order(batch, samples, group.world_size)
 
     def validate(self) -> dict[str, float]:
         w, cfg = self.workers, self.cfg
@@ -280,96 +250,69 @@ class PPOTrainer:
         with self.tracker, self.workers:
             cfg = self.cfg.trainer
             if cfg.val_before_train and self.resumed_from is None:
-                self.tracker.log(self.validate(), step=0)
-            keep = cfg.collapse.keep_last_healthy
-            if keep:  # the starting weights, until a step's measurements certify later ones
-                self.workers.actor.snapshot_actor()
-                self.workers.actor.keep_snapshot()
-            start, first_step = time.perf_counter(), self.global_step + 1
+                before = self.validate()
+                self.tracker.log(before, step=0)
+                if self.on_step is not None:
+                    self.on_step(0, before)
+            self.guard.start(self.global_step)
+            start = time.perf_counter()
             while self.global_step < self.total_steps:
                 self.global_step += 1
-                if keep and self.global_step > first_step:  # the first starts from the copy just made
-                    # this step's rollouts, entropy and KL measure the weights it starts from: they are
-                    # the ones its verdict certifies (its own update's are measured by the next step)
-                    self.workers.actor.snapshot_actor()
+                self.guard.before_step(self.global_step)
                 metrics = self.step()
-                collapse = self.monitor.update(self.global_step, metrics)
-                saturation = collapse if collapse is not None and collapse.kind == "saturation" else None
-                if saturation is not None:  # the prompts are solved: stop (or warn), the weights are fine
-                    collapse, self.saturation = None, saturation
-                    metrics["collapse/saturated"] = 1.0
-                    self._report_collapse(saturation)
                 out_of_time = cfg.max_time_s is not None and time.perf_counter() - start >= cfg.max_time_s
-                stop = out_of_time or ((collapse or saturation) is not None and cfg.collapse.action == "stop")
-                if collapse is not None:
-                    self.collapse = collapse
-                    metrics["collapse/detected"] = 1.0
-                    self._report_collapse(collapse)
-                elif keep and self.monitor.healthy:
-                    self.workers.actor.keep_snapshot()
-                    self.healthy_step = self.global_step - 1
-                last = self.global_step == self.total_steps or stop
-                # a sign still building up when the run ends (time or steps): not yet `patience` steps
-                # long, so not reported, but the last weights are unmeasured and the ones before showed it
-                pending = last and collapse is None and not self.monitor.healthy
-                if keep and cfg.collapse.action == "stop" and pending:
-                    self.workers.actor.restore_actor()
-                    self.restored_step = self.healthy_step
-                    self.tracker.console.print(
-                        f"[dim]lucidrl:[/dim] the run ended with a sign of collapse held since step "
-                        f"{self.monitor.bad_since} (fewer than trainer.collapse.patience steps, so not reported): "
-                        f"restored the weights after step {self.healthy_step}, the last measured healthy; "
-                        "validation and the final model use them"
-                    )
-                if collapse is not None and cfg.collapse.action == "stop" and keep:
-                    self.workers.actor.restore_actor()
-                    self.restored_step = self.healthy_step
-                    which = (
-                        f"the weights after step {self.healthy_step}"
-                        if self.healthy_step
-                        else "the starting weights (step 0)"
-                    )
-                    self.tracker.console.print(
-                        f"[dim]lucidrl:[/dim] restored {which}, the last whose rollouts showed no sign of "
-                        "collapse; validation and the final model use them"
-                    )
+                ending = out_of_time or self.global_step == self.total_steps
+                verdict = self.guard.after_step(self.global_step, metrics, ending)
+                last = ending or verdict.stop
                 if (cfg.test_freq and self.global_step % cfg.test_freq == 0) or last:
                     metrics.update(self.validate())
                 self.tracker.log(metrics, step=self.global_step)
+                if self.on_step is not None:
+                    self.on_step(self.global_step, metrics)
                 if cfg.save_freq and (self.global_step % cfg.save_freq == 0 or last):
-                    if collapse is None:
-                        began = time.perf_counter()
-                        path = self.save_checkpoint()
-                        line = checkpoint.saved_line(path, time.perf_counter() - began)
-                        self.tracker.console.print(f"[dim]lucidrl:[/dim] {escape(line)}")
-                    else:  # its weights may be collapsed, or a restored earlier step's next to later optimizer state
-                        self.tracker.console.print(
-                            f"[dim]lucidrl:[/dim] no checkpoint at step {self.global_step}, which collapsed; a resume "
-                            "continues from the last one before it"
-                        )
+                    self._save_or_say_why_not(verdict.collapsed)
                 if out_of_time:
-                    self.tracker.console.print(
-                        f"[dim]lucidrl:[/dim] stopped at step {self.global_step}: trainer.max_time_s={cfg.max_time_s} reached"
+                    self._say(
+                        f"stopped at step {self.global_step}: trainer.max_time_s={cfg.max_time_s} reached"
                     )
-                if stop:
+                if last:
                     break
             if cfg.save_final_model:
                 self.save_model(self.run_dir / "final")
         return self.run_dir
 
-    def _report_collapse(self, report: CollapseReport) -> None:
-        action = self.cfg.trainer.collapse.action
-        then = "stopping the run" if action == "stop" else "training on (trainer.collapse.action=warn)"
-        if report.kind == "saturation":
-            if action == "stop":
-                then += " on its last weights (a saturated run has not collapsed: nothing is restored)"
-            self.tracker.console.print(
-                f"[bold yellow]lucidrl: {escape(report.message())}[/bold yellow]; {then}"
+    def _save_or_say_why_not(self, collapsed: bool) -> None:
+        if (
+            collapsed
+        ):  # its weights may be collapsed, or a restored earlier step's next to later optimizer state
+            self._say(
+                f"no checkpoint at step {self.global_step}, which collapsed; a resume continues from the last "
+                "one before it"
             )
-            (self.run_dir / "SATURATED.txt").write_text(report.message() + "\n")
             return
-        self.tracker.console.print(f"[bold red]lucidrl: {escape(report.message())}[/bold red]; {then}")
-        (self.run_dir / "COLLAPSE.txt").write_text(report.message() + "\n")
+        began = time.perf_counter()
+        path = self.save_checkpoint()
+        self._say(checkpoint.saved_line(path, time.perf_counter() - began))
+
+    def _say(self, line: str) -> None:
+        self.tracker.console.print(f"[dim]lucidrl:[/dim] {escape(line)}")
+
+    # the collapse guard's findings, read by the demo and experiments
+    @property
+    def monitor(self) -> CollapseMonitor:
+        return self.guard.monitor
+
+    @property
+    def collapse(self) -> CollapseReport | None:
+        return self.guard.collapse
+
+    @property
+    def saturation(self) -> CollapseReport | None:
+        return self.guard.saturation
+
+    @property
+    def restored_step(self) -> int | None:
+        return self.guard.restored_step
 
     def save_checkpoint(self) -> Path:
         """Every group's training state plus the trainer's, under a temporary name renamed when complete."""
@@ -403,7 +346,6 @@ class PPOTrainer:
         if not any(k.startswith("trainer.collapse.") for k in self.resume_changes):
             self.monitor.load_state_dict(state["collapse_monitor"])  # else its windows mean other things
         self.resumed_from = path
-        self.healthy_step = self.global_step  # keep_last_healthy's snapshot starts from the resumed weights
         checkpoint.continue_from(self.run_dir, path, self.global_step)
 
     def _adaptive_kl(self) -> bool:

@@ -20,8 +20,7 @@ from lucidrl.models.saving import save_hf_folder
 from lucidrl.trainer import checkpoint
 from lucidrl.trainer.setup import prepare_run_dir, run_dir_of, seed_everything
 from lucidrl.trainer.tracking import Tracker
-from lucidrl.workers.actor import NonFiniteLossError
-from lucidrl.workers.optim import build_optimizer, clip_grad
+from lucidrl.workers.optim import NonFiniteLossError, build_optimizer, clip_grad
 from lucidrl.workers.train_state import load_train_state, save_train_state
 
 SFT_CONSOLE_KEYS = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-from collections import defaultdict
 
 import torch
 
@@ -11,17 +10,13 @@ from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.algos.aggregation import norm_width, pad_response_width
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig, RolloutCorrectionConfig
-from lucidrl.diagnostics.errors import UserError
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import check_chunkable_head, check_prompt_sharable, response_log_probs
 from lucidrl.workers.log_prob_pass import per_token_log_probs, per_token_log_probs_and_sum_pi_squared
 from lucidrl.workers.micro_batches import loss_mask, loss_weights, micro_batches, token_shares
-from lucidrl.workers.optim import build_optimizer, step_if_finite
+from lucidrl.workers.optim import build_optimizer
 from lucidrl.workers.rank_metrics import Combine, RankMetrics
-
-
-class NonFiniteLossError(UserError, FloatingPointError):
-    """Every optimizer step of an update had a non-finite gradient norm: training cannot go on."""
+from lucidrl.workers.update_loop import run_update, update_metrics
 
 
 def policy_loss_kwargs(
@@ -296,70 +291,54 @@ class ActorWorker:
         return loss_weights(mb, ubs, self.cfg.loss_agg_mode, self.world_size)
 
     def update(self, batch: Batch) -> RankMetrics:
-        """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each.
-
-        The learning-rate schedule advances once per update (one RL step), as verl's does, however
-        many mini-batches and epochs the update takes: optim.warmup_steps counts RL steps.
-        """
+        """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each
+        (workers/update_loop.py, shared with the critic)."""
         cfg = self.cfg
-        self.model.train()
-        mini = self.mini_batch
-        metrics: dict[str, list[float]] = defaultdict(list)
         lr = self.scheduler.get_last_lr()[0]  # the rate every optimizer step of this update uses
         # entropy of the policy that sampled the batch: from the old-log-prob pass where it ran;
         # otherwise (provably on-policy: one epoch, one mini-batch) the first mini-batch's forwards
         # run before any optimizer step and see that same policy
         entropy, entropy_per_token = self._batch_entropy(batch) if "entropy" in batch else (None, None)
         own_old = "old_log_probs" not in batch  # on-policy: the old log-probs come from the update's forward
-        if own_old and (cfg.ppo_epochs != 1 or len(batch) > mini):
+        if own_old and (cfg.ppo_epochs != 1 or len(batch) > self.mini_batch):
             raise RuntimeError(
                 f"the actor got no old_log_probs for an update of {cfg.ppo_epochs} epoch(s) over {len(batch)} "
-                f"samples in mini-batches of {mini}: only one epoch of one mini-batch is on-policy (a bug in "
-                "the trainer: it skips the old-log-prob pass only then)"
+                f"samples in mini-batches of {self.mini_batch}: only one epoch of one mini-batch is on-policy (a "
+                "bug in the trainer: it skips the old-log-prob pass only then)"
             )
         self._gap_max = 0.0
         self._extremes = {}
-        steps = skipped = 0
-        for _ in range(cfg.ppo_epochs):
-            for mb in batch.split(mini):
-                self.optimizer.zero_grad(set_to_none=True)
-                ubs = self._micro_batches(mb)
-                weights = self._loss_weights(mb, ubs)
-                # each micro-batch's metrics times its loss weight: summed, the mini-batch's; averaged
-                # over ranks, the mini-batch's across all of them (a plain mean of micro-batch or rank
-                # means gave token-mean losses that changed with the micro-batching and the rank count)
-                mb_metrics: dict[str, float] = defaultdict(float)
-                shares = token_shares(mb, ubs, cfg.loss_agg_mode, weights, self.world_size)
-                entropies = [
-                    self._micro_step(ub, w, mb_metrics, t)
-                    for ub, w, t in zip(ubs, weights, shares, strict=True)
-                ]
-                for k, v in mb_metrics.items():
-                    metrics[k].append(v)
-                if entropy is None:
-                    entropy = sum(w * float(e) for w, (e, _) in zip(weights, entropies, strict=True))
-                    if self._per_token_metrics:
-                        entropy_per_token = sum(
-                            t * float(e) for t, (_, e) in zip(shares, entropies, strict=True)
-                        )
-                grad_norm = step_if_finite(self.model, self.optimizer, cfg.optim.grad_clip)
-                steps += 1
-                if grad_norm is None:
-                    skipped += 1  # counted, and said so in metrics
-                else:
-                    metrics["actor/grad_norm"].append(grad_norm)
-        self.scheduler.step()
-        self.nonfinite_skipped += skipped
-        if skipped == steps:
-            raise NonFiniteLossError(
-                f"all {steps} optimizer steps of this update had a non-finite gradient norm (NaN/inf loss); "
-                f"lower actor.optim.lr, check the rewards for NaN, or use model.dtype=float32"
-            )
-        # mean over the mini-batches; across ranks: the pre-weighted parts average to the batch's, and
-        # what the all-reduced gradient or the settings decide is the same on every rank (checked)
-        out = RankMetrics()
-        for k, v in metrics.items():
-            out.put(k, sum(v) / len(v), Combine.SAME if k == "actor/grad_norm" else Combine.MEAN)
+
+        def step_mini_batch(mb: Batch, mb_metrics: dict[str, float]) -> None:
+            nonlocal entropy, entropy_per_token
+            ubs = self._micro_batches(mb)
+            weights = self._loss_weights(mb, ubs)
+            # each micro-batch's metrics times its loss weight: summed, the mini-batch's; averaged
+            # over ranks, the mini-batch's across all of them (a plain mean of micro-batch or rank
+            # means gave token-mean losses that changed with the micro-batching and the rank count)
+            shares = token_shares(mb, ubs, cfg.loss_agg_mode, weights, self.world_size)
+            entropies = [
+                self._micro_step(ub, w, mb_metrics, t) for ub, w, t in zip(ubs, weights, shares, strict=True)
+            ]
+            if entropy is None:
+                entropy = sum(w * float(e) for w, (e, _) in zip(weights, entropies, strict=True))
+                if self._per_token_metrics:
+                    entropy_per_token = sum(t * float(e) for t, (_, e) in zip(shares, entropies, strict=True))
+
+        outcome = run_update(
+            batch,
+            step_mini_batch,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            epochs=cfg.ppo_epochs,
+            mini_rows=self.mini_batch,
+            grad_clip=cfg.optim.grad_clip,
+            role="actor",
+            lr_hint="lower actor.optim.lr, check the rewards for NaN, or use model.dtype=float32",
+        )
+        self.nonfinite_skipped += outcome.skipped
+        out = update_metrics(outcome, "actor", lr)
         if cfg.use_kl_loss:
             out.same("actor/kl_coef", cfg.kl_loss_coef)
         out.mean("actor/entropy", entropy)
@@ -367,8 +346,6 @@ class ActorWorker:
             out.mean("actor/entropy_token_mean", entropy_per_token)
         if own_old and "rollout/logprob_diff_mean" in out:
             out.put("rollout/logprob_diff_max", self._gap_max, Combine.MAX)
-        for k, (value, how) in self._extremes.items():
+        for k, (value, how) in self._extremes.items():  # a loss's own *_max / *_min over the update
             out.put(k, value, how)
-        out.same("actor/lr", lr)
-        out.same("actor/nonfinite_skipped", skipped)  # the ranks skip together: one all-reduced gradient
         return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from collections import defaultdict
 
 import torch
 from transformers import AutoConfig, AutoModelForTokenClassification
@@ -15,11 +14,11 @@ from lucidrl.batch import Batch
 from lucidrl.config.schema import CriticConfig
 from lucidrl.models.loading import ModelLoadError
 from lucidrl.models.precision import compute_context
-from lucidrl.workers.actor import NonFiniteLossError
 from lucidrl.workers.forward import sequence_inputs
 from lucidrl.workers.micro_batches import loss_mask, loss_weights, micro_batches, scatter_rows, token_shares
-from lucidrl.workers.optim import build_optimizer, step_if_finite
-from lucidrl.workers.rank_metrics import Combine, RankMetrics
+from lucidrl.workers.optim import build_optimizer
+from lucidrl.workers.rank_metrics import RankMetrics
+from lucidrl.workers.update_loop import run_update, update_metrics
 
 
 def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -109,60 +108,49 @@ class CriticWorker:
         return Batch(tensors={"values": values * batch["response_mask"]})
 
     def update(self, batch: Batch) -> RankMetrics:
-        """ppo_epochs passes over mini-batches; one optimizer step each, and one step of the learning-rate
-        schedule per update (per RL step) as the actor's. A step whose gradient norm is not finite is
-        skipped and counted (critic/nonfinite_skipped); an update where every step is raises."""
+        """ppo_epochs passes over mini-batches; one optimizer step each (workers/update_loop.py, shared
+        with the actor). A step whose gradient norm is not finite is skipped and counted
+        (critic/nonfinite_skipped); an update where every step is raises."""
         cfg = self.cfg
-        self.model.train()
-        metrics: dict[str, list[float]] = defaultdict(list)
         lr = self.scheduler.get_last_lr()[0]
-        steps = skipped = 0
-        for _ in range(cfg.ppo_epochs):
-            for mb in batch.split(self.mini_batch):
-                self.optimizer.zero_grad(set_to_none=True)
-                ubs = [ub for _, ub in self._micro_batches(mb)]
-                # metrics weighted to sum to the mini-batch's, as the actor's: the loss as it is
-                # weighted, the token means (clip fraction, mean prediction) by token share
-                mb_metrics: dict[str, float] = defaultdict(float)
-                weights = loss_weights(mb, ubs, cfg.loss_agg_mode, self.world_size)
-                shares = token_shares(mb, ubs, cfg.loss_agg_mode, weights, self.world_size)
-                for ub, weight, share in zip(ubs, weights, shares, strict=True):
-                    with compute_context(self.model, self.compute_dtype):
-                        vpreds = response_values(self.model, ub)
-                    # rollout correction's rejected tokens count for the critic neither (as verl's mask)
-                    returns, values, mask = ub["returns"], ub["values"], loss_mask(ub)
-                    if self.norm_width is not None:
-                        vpreds, returns, values, mask = pad_response_width(
-                            self.norm_width, vpreds, returns, values, mask
-                        )
-                    loss, m = compute_value_loss(
-                        vpreds, returns, values, mask, cfg.cliprange_value, cfg.loss_agg_mode
+
+        def step_mini_batch(mb: Batch, mb_metrics: dict[str, float]) -> None:
+            ubs = [ub for _, ub in self._micro_batches(mb)]
+            # metrics weighted to sum to the mini-batch's, as the actor's: the loss as it is
+            # weighted, the token means (clip fraction, mean prediction) by token share
+            weights = loss_weights(mb, ubs, cfg.loss_agg_mode, self.world_size)
+            shares = token_shares(mb, ubs, cfg.loss_agg_mode, weights, self.world_size)
+            for ub, weight, share in zip(ubs, weights, shares, strict=True):
+                with compute_context(self.model, self.compute_dtype):
+                    vpreds = response_values(self.model, ub)
+                # rollout correction's rejected tokens count for the critic neither (as verl's mask)
+                returns, values, mask = ub["returns"], ub["values"], loss_mask(ub)
+                if self.norm_width is not None:
+                    vpreds, returns, values, mask = pad_response_width(
+                        self.norm_width, vpreds, returns, values, mask
                     )
-                    (loss * weight).backward()
-                    mb_metrics["critic/vf_loss"] += weight * loss.item()
-                    mb_metrics["critic/vf_clipfrac"] += share * float(m["vf_clipfrac"])
-                    mask = mask.bool()
-                    mb_metrics["critic/vpred_mean"] += share * (
-                        vpreds.detach()[mask].mean().item() if mask.any() else 0.0
-                    )
-                for k, v in mb_metrics.items():
-                    metrics[k].append(v)
-                grad_norm = step_if_finite(self.model, self.optimizer, cfg.optim.grad_clip)
-                steps += 1
-                if grad_norm is None:
-                    skipped += 1
-                else:
-                    metrics["critic/grad_norm"].append(grad_norm)
-        self.scheduler.step()
-        self.nonfinite_skipped += skipped
-        if skipped == steps:
-            raise NonFiniteLossError(
-                f"all {steps} critic optimizer steps of this update had a non-finite gradient norm; "
-                "lower critic.optim.lr or check the rewards for NaN"
-            )
-        out = RankMetrics()  # combined across ranks as the actor's
-        for k, v in metrics.items():
-            out.put(k, sum(v) / len(v), Combine.SAME if k == "critic/grad_norm" else Combine.MEAN)
-        out.same("critic/lr", lr)
-        out.same("critic/nonfinite_skipped", skipped)
-        return out
+                loss, m = compute_value_loss(
+                    vpreds, returns, values, mask, cfg.cliprange_value, cfg.loss_agg_mode
+                )
+                (loss * weight).backward()
+                mb_metrics["critic/vf_loss"] += weight * loss.item()
+                mb_metrics["critic/vf_clipfrac"] += share * float(m["vf_clipfrac"])
+                mask = mask.bool()
+                mb_metrics["critic/vpred_mean"] += share * (
+                    vpreds.detach()[mask].mean().item() if mask.any() else 0.0
+                )
+
+        outcome = run_update(
+            batch,
+            step_mini_batch,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            epochs=cfg.ppo_epochs,
+            mini_rows=self.mini_batch,
+            grad_clip=cfg.optim.grad_clip,
+            role="critic",
+            lr_hint="lower critic.optim.lr or check the rewards for NaN",
+        )
+        self.nonfinite_skipped += outcome.skipped
+        return update_metrics(outcome, "critic", lr)

@@ -10,7 +10,7 @@ from lucidrl.algos.fused_logprob import log_probs_and_entropy
 from lucidrl.algos.logprob import sum_pi_squared_from_logits
 from lucidrl.batch import Batch
 from lucidrl.diagnostics.errors import UserError
-from lucidrl.workers.decode import _cache_kwarg, last_logits_only, non_attention_layers
+from lucidrl.workers.model_support import _cache_kwarg, last_logits_only, non_attention_layers
 
 
 def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -7,6 +7,11 @@ import math
 import torch
 
 from lucidrl.config.schema import OptimConfig
+from lucidrl.diagnostics.errors import UserError
+
+
+class NonFiniteLossError(UserError, FloatingPointError):
+    """Every optimizer step of an update had a non-finite gradient norm: training cannot go on."""
 
 
 def build_optimizer(

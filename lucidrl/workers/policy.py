@@ -415,11 +415,3 @@ class PolicyWorker:
             else:
                 save_hf_folder(model, self.tokenizer, path)
         return path
-
-    @dispatch(Dispatch.ALL)
-    def full_weights(self) -> dict[str, torch.Tensor]:
-        """The actor's full weights (for tests comparing placements)."""
-        return {
-            k: v.detach().to("cpu", copy=True)
-            for k, v in full_state_dict(self._need("actor", self.actor).model).items()
-        }

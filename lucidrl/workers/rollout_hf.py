@@ -11,7 +11,8 @@ from transformers import GenerationConfig
 from lucidrl.algos import logprobs_from_logits
 from lucidrl.batch import Batch
 from lucidrl.models.precision import compute_context
-from lucidrl.workers.decode import check_decode_loop_supported, sample_group
+from lucidrl.workers.decode import sample_group
+from lucidrl.workers.model_support import check_decode_loop_supported
 
 
 @dataclass
