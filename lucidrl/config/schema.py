@@ -100,7 +100,17 @@ class DataConfig:
     prompt_key: str = "prompt"
     max_prompt_length: PosInt = 512  # tokens, after the chat template
     max_response_length: PosInt = 256  # new tokens per sample
-    filter_overlong_prompts: bool = False  # False: an overlong prompt is an error naming file and row
+    filter_overlong_prompts: bool = False  # True: drop prompts longer than max_prompt_length (counted)
+    # an overlong prompt that is not filtered: error (naming file and row), or cut to max_prompt_length
+    # tokens keeping its end (left), its start (right) or both ends (middle), counted, as verl's key does
+    truncation: Literal["error", "left", "right", "middle"] = "error"
+    # chat: render the prompt's messages with the tokenizer's chat template; raw: the prompt's one message
+    # is the model's input text as written (verl's TinyZero and Logic-RL files carry their own ChatML or
+    # "User: ... Assistant: <think>" markup); auto: raw for rows whose one user message holds such markup,
+    # chat for the others, with one notice saying how many
+    prompt_format: Literal["auto", "chat", "raw"] = "auto"
+    # extra keyword arguments for the chat template (verl's key), e.g. {enable_thinking: false} for Qwen3
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     train_batch_size: PosInt = 8  # prompts per step (each sampled rollout.n times)
     val_batch_size: PosInt | None = None  # prompts per validation generate call; None: all at once
     shuffle: bool = True

@@ -19,6 +19,8 @@ ANSWER_CORRECT = 2.0
 ANSWER_WRONG = -1.5
 ANSWER_UNPARSEABLE = -2.0
 
+# the data_source values K&K rows carry (Logic-RL's files: kk_logic)
+KK_SOURCES = ("kk_logic", "kk")
 _HEADERS = ("Assistant:", "<|im_start|>assistant")
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 # a trace's first row header: every person's name and role, at least two (puzzles have 2 to 8 people),
@@ -110,6 +112,19 @@ def parse_ground_truth(ground_truth: Any) -> dict[str, bool]:
         f"K&K ground truth of type {type(ground_truth).__name__} ({_short(ground_truth)}) is not supported; "
         f"expected {_GROUND_TRUTH_FORM}"
     )
+
+
+def people_count(data_source: str, ground_truth: Any, extra_info: Any) -> int | None:
+    """A K&K row's number of people: extra_info["n_people"] (what `lucidrl data kk` writes), else the names in
+    its ground truth (Logic-RL's files carry none in extra_info); None for other rows or an unreadable one."""
+    if isinstance(extra_info, Mapping) and extra_info.get("n_people") is not None:
+        return int(extra_info["n_people"])
+    if data_source not in KK_SOURCES:
+        return None
+    try:
+        return len(parse_ground_truth(ground_truth))
+    except ValueError:  # the reward says what is wrong with it, when it scores the row
+        return None
 
 
 def _parse_solution_text(text: str) -> dict[str, bool]:

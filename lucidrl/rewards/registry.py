@@ -24,8 +24,7 @@ class UnknownDataSourceError(UserError, ValueError):
 
 
 REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "kk_logic": kk.compute_score,
-    "kk": kk.compute_score,
+    **dict.fromkeys(kk.KK_SOURCES, kk.compute_score),
     "openai/gsm8k": gsm8k.compute_score,
     "gsm8k": gsm8k.compute_score,
     # verl's MATH sources

@@ -137,8 +137,10 @@ class PPOTrainer:
         r, cfg = self.filter_report, self.cfg
         lines = [
             f"run directory {self.run_dir}",
-            f"{len(self.train_samples)} training prompts ({r.overlong_filtered} overlong filtered, longest "
-            f"{r.longest_prompt} tokens), {len(self.val_samples)} validation prompts",
+            f"{len(self.train_samples)} training prompts ({r.overlong_filtered} overlong filtered, "
+            + (f"{r.truncated} cut to data.max_prompt_length, " if r.truncated else "")
+            + (f"{r.raw_prompts} fed as raw text (data.prompt_format), " if r.raw_prompts else "")
+            + f"longest {r.longest_prompt} tokens), {len(self.val_samples)} validation prompts",
             f"{self.total_steps} steps of {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples, "
             f"adv_estimator={cfg.algorithm.adv_estimator}, policy_loss={cfg.actor.policy_loss}, "
             f"KL loss {'on (' + cfg.actor.kl_loss_type + ')' if cfg.actor.use_kl_loss else 'off'}, "
