@@ -28,7 +28,9 @@ _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 # free-form reasoning counted as a wrong trace
 _TRACE_START = re.compile(r"\w+ [KN] (?:\w+ [KN] )*\w+ [KN]:")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_SOLUTION_LINE = re.compile(r"^\s*\(\d+\)\s*(\w+)\s+is\s+a\s+(knight|knave)\s*\.?\s*$", re.IGNORECASE)
+# Logic-RL's reading of a ground-truth line: its first word of letters is the name, the first "knight" or
+# "knave" after it the role ("(1) Zoey is a knight")
+_SOLUTION_LINE = re.compile(r"\b([A-Za-z]+)\b.*?\b(knight|knave)\b", re.IGNORECASE)
 _GROUND_TRUTH_FORM = (
     'a dict {"names": [...], "knights": [true, false, ...]} (optionally with "solution_text_format"), '
     'or a string of lines "(1) Zoey is a knight\\n(2) Oliver is a knave"'
@@ -133,8 +135,8 @@ def _parse_solution_text(text: str) -> dict[str, bool]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        match = _SOLUTION_LINE.match(line)
-        if match is None:
+        match = _SOLUTION_LINE.search(line)
+        if match is None:  # Logic-RL skips such a line (and then expects one person fewer): an error here
             raise ValueError(
                 f"K&K ground truth line {line!r} is not of the form '(k) NAME is a knight|knave'; "
                 f"expected {_GROUND_TRUTH_FORM}"
