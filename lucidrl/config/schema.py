@@ -384,12 +384,12 @@ class TrainerConfig:
     total_epochs: PosInt = 1
     total_training_steps: PosInt | None = None  # None: total_epochs over the training set
     # validate every N steps (and after the last)
-    test_freq: Annotated[int, Range(">= 0", "0: only after the last step")] = 0
+    test_freq: Annotated[int, Range(">= -1", "0: only after the last step; -1: never (verl's default)")] = 0
     val_before_train: bool = True  # not on a resume (verl validates again there): the start was measured
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     save_final_model: bool = True
-    # checkpoints (verl's keys): full training state every N steps in RUN_DIR/checkpoints (0: none)
-    save_freq: Annotated[int, Range(">= 0", "0: no checkpoints")] = 0
+    # checkpoints (verl's keys): full training state every N steps in RUN_DIR/checkpoints, and after the last
+    save_freq: Annotated[int, Range(">= -1", "0 or -1 (verl's never): no checkpoints")] = 0
     # auto: resume from RUN_DIR's latest checkpoint when it has one; disable: never; resume_path:
     # from trainer.resume_from_path (a checkpoint folder, or a run directory's latest)
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
@@ -486,7 +486,7 @@ class SFTTrainerConfig:
     test_freq: Annotated[int, Range(">= 0", "0: only after the last step")] = 0
     # checkpoints and resuming: the same keys and meaning as `lucidrl train`'s
     # full training state every N steps in RUN_DIR/checkpoints
-    save_freq: Annotated[int, Range(">= 0", "0: no checkpoints")] = 0
+    save_freq: Annotated[int, Range(">= -1", "0 or -1 (verl's never): no checkpoints")] = 0
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     resume_from_path: str | None = None
     max_ckpt_to_keep: PosInt | None = None

@@ -342,10 +342,13 @@ class PPOTrainer:
                         f"[dim]lucidrl:[/dim] restored {which}, the last whose rollouts showed no sign of "
                         "collapse; validation and the final model use them"
                     )
-                if (cfg.test_freq and self.global_step % cfg.test_freq == 0) or last:
+                # test_freq -1 (verl's default): never, not even after the last step
+                if (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0) or (
+                    last and cfg.test_freq >= 0
+                ):
                     metrics.update(self.validate())
                 self.tracker.log(metrics, step=self.global_step)
-                if cfg.save_freq and (self.global_step % cfg.save_freq == 0 or last):
+                if cfg.save_freq > 0 and (self.global_step % cfg.save_freq == 0 or last):  # -1: never
                     if collapse is None:
                         began = time.perf_counter()
                         path = self.save_checkpoint()
