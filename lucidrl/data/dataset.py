@@ -37,6 +37,7 @@ class PromptSample:
     assistant_prefix: str
     source: str  # "file:row", for error messages
     messages: list[dict[str, str]] = field(default_factory=list)  # the chat as written, for re-rendering
+    raw: bool = False  # fed as written, its own chat markup included (data.prompt_format)
 
 
 @dataclass
@@ -129,6 +130,7 @@ def load_prompts(
                     assistant_prefix=prompt.prefix,
                     source=f"{file}:{i}",
                     messages=prompt.messages,
+                    raw=prompt.raw,
                 )
             )
     if report.overlong_filtered:
@@ -191,6 +193,7 @@ def collate(samples: list[PromptSample], pad_token_id: int, uid_offset: int = 0)
             "extra_info": [s.extra_info for s in samples],
             "assistant_prefix": [s.assistant_prefix for s in samples],
             "raw_prompt": [s.messages for s in samples],
+            "prompt_is_raw": [s.raw for s in samples],
             "uid": [f"p{uid_offset + i}" for i in range(len(samples))],
         },
     )
