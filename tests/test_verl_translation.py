@@ -202,6 +202,13 @@ def test_global_micro_batches_are_divided_over_the_ranks_and_several_keys_agree_
     assert clash.refused and "make them agree" in clash.refused[0].result
 
 
+def test_a_key_given_twice_is_said_and_the_later_one_used():
+    out = translate(["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.n=8"], cuda=False)
+    assert [line.status for line in out.lines] == ["accepted", "translated"]
+    assert "given again later (actor_rollout_ref.rollout.n=8)" in out.lines[0].result
+    assert {k: v for k, v, _ in out.assignments}["rollout.n"] == 8
+
+
 def test_hydra_syntax_errors_say_what_to_write():
     with pytest.raises(ConfigError, match="Hydra sweep"):
         translate(["trainer.logger=console,wandb"])

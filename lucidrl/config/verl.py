@@ -202,9 +202,12 @@ def translate(overrides: list[str], *, from_file: bool = False, cuda: bool | Non
     """The lucidrl assignments of verl overrides; refused ones are listed on the Translation (`translate_or_raise`
     raises). `cuda`: whether verl's default trainer.device=cuda holds here (None: ask torch)."""
     parsed: dict[str, tuple[str, Any, str]] = {}
+    superseded: list[tuple[str, str, str]] = []  # (key, text, the override that replaced it)
     for text in overrides:
         op, key, value = _parse(text)
-        parsed.pop(key, None)  # the later one wins, in its own place
+        if key in parsed:  # the later one wins, in its own place, as in Hydra; the earlier one is said
+            superseded.append((key, parsed[key][2], text.strip()))
+            parsed.pop(key)
         parsed[key] = (op, value, text.strip())
     values = {k: v for k, (op, v, _) in parsed.items() if op == "set"}
     derived = set()
@@ -226,6 +229,8 @@ def translate(overrides: list[str], *, from_file: bool = False, cuda: bool | Non
     ctx = Context(values=values, world=world, cuda=on_gpu)
 
     out = Translation()
+    for key, text, later in superseded:
+        out.lines.append(Line(text, key, "accepted", f"given again later ({later}): the later one is used"))
     wanted: dict[str, list[tuple[Any, Line]]] = {}
     for key, (op, value, text) in parsed.items():
         line, pairs = _one(key, op, value, text, ctx)

@@ -129,6 +129,14 @@ def registered(kind: str, verl_names: tuple[str, ...]):
     return convert
 
 
+def precision(value: Any, ctx: Context) -> Any:
+    """`fp32`/`float32` and `bf16`/`bfloat16` as lucidrl's float32 and bfloat16; `fp16` refused (not built yet)"""
+    names = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+    if value in names:
+        return names[value]
+    raise Refused(f"{NOT_BUILT}: lucidrl computes in float32 or bfloat16, not {value!r}")
+
+
 def seed(value: Any, ctx: Context) -> Any:
     """a number as written; null (verl's default) keeps lucidrl's data.seed"""
     return Noted("null: lucidrl's data.seed") if value is None else value

@@ -34,6 +34,7 @@ from lucidrl.config.verl_convert import (
     path,
     per_rank,
     placement,
+    precision,
     registered,
     rm_length,
     rollout_name,
@@ -80,6 +81,9 @@ def _optim_rows(verl: str, ours: str) -> list[Row]:
 def _fsdp_rows(prefix: str) -> list[Row]:
     return [
         Map(f"{prefix}.fsdp_config.strategy", "trainer.strategy", convert=strategy),
+        # FSDP's mixed precision: the weights' dtype and the compute dtype (verl: fp32 weights, bf16 compute)
+        Map(f"{prefix}.fsdp_config.model_dtype", "model.dtype", convert=precision),
+        Map(f"{prefix}.fsdp_config.dtype", "model.compute_dtype", convert=precision),
         Note(f"{prefix}.fsdp_config.**", f"FSDP tuning (offload, wrap policy, prefetch, ...): {MEMORY}"),
     ]
 
@@ -301,6 +305,10 @@ ROWS: list[Row] = [
         None,
         "note",
         convert=only_if_off("actor_rollout_ref.actor.router_replay.mode", "disabled"),
+    ),
+    Note("actor_rollout_ref.ref.fsdp_config.model_dtype", "the reference holds the actor's model.dtype"),
+    Note(
+        "actor_rollout_ref.ref.fsdp_config.dtype", "the reference computes as the actor (model.compute_dtype)"
     ),
     Note("actor_rollout_ref.ref.fsdp_config.**", f"FSDP tuning (offload, ...): {MEMORY}"),
     Refuse("actor_rollout_ref.ref.megatron.**", "Megatron-LM training", gpu=True),
