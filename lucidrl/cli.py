@@ -124,7 +124,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.help_config:
         return _print_keys(LucidConfig)
     config_path, overrides = _split_config_args(args.args)
-    cfg = load_config(config_path, overrides)
+    # a verl command line (an actor_rollout_ref.* key, or --verl) is translated and the translation printed
+    cfg = load_config(config_path, overrides, verl=True if args.verl else None)
     trainer = PPOTrainer(cfg)
     trainer.announce()
     run_dir = trainer.fit()
@@ -147,7 +148,10 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
     """(the config file, the overrides): the first argument is the file when it has no `=`, or when it
-    names a .yaml file that exists (a path such as runs/lr=1e-4/config.yaml)."""
+    names a .yaml file that exists (a path such as runs/lr=1e-4/config.yaml); `~key` (Hydra's delete) is
+    an override."""
+    if items and items[0].startswith("~") and not Path(items[0]).exists():
+        return None, items
     if items and ("=" not in items[0] or (items[0].endswith((".yaml", ".yml")) and Path(items[0]).is_file())):
         return items[0], items[1:]
     return None, items
@@ -369,8 +373,16 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", default=None, metavar="OUT", help="also write the checks as JSON to OUT")
     doctor.set_defaults(fn=_cmd_doctor)
 
-    train = sub.add_parser("train", help="train from a YAML config plus key=value overrides")
+    train = sub.add_parser(
+        "train",
+        help="train from a YAML config plus key=value overrides (or a verl command line: docs/migration.md)",
+    )
     train.add_argument("args", nargs="*", metavar="CONFIG.yaml key=value", help="config file, then overrides")
+    train.add_argument(
+        "--verl",
+        action="store_true",
+        help="read the overrides as verl's (Hydra) even without an actor_rollout_ref.* key, with verl's defaults",
+    )
     train.add_argument(
         "--help-config", action="store_true", help="print every config key, its default and type"
     )

@@ -498,7 +498,10 @@ def test_export_writes_the_checkpoint_actor_as_a_huggingface_folder(
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["trainer.save_freq=-1"], "'trainer.save_freq' .* must be >= 0 .0: no checkpoints."),
+        (
+            ["trainer.save_freq=-2"],
+            "'trainer.save_freq' .* must be >= -1 .0 or -1 .verl.s never.: no checkpoints.",
+        ),
         (["trainer.max_ckpt_to_keep=0"], "'trainer.max_ckpt_to_keep' .* must be >= 1, got 0"),
         (["trainer.resume_mode=resume_path"], "needs trainer.resume_from_path"),
         (["trainer.resume_from_path=/x"], "only read with trainer.resume_mode=resume_path"),

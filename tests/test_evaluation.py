@@ -142,6 +142,7 @@ def test_a_source_without_an_acc_metric_keeps_its_score_as_accuracy_in_a_mixed_c
             batch = {
                 "data_source": [s["data_source"] for s in chunk],
                 "extra_info": [{} for _ in chunk],
+                "ground_truth": [None for _ in chunk],
                 "responses": torch.tensor([[4, 5, 9], [4, 5, 6]]),
                 "response_mask": torch.ones(len(chunk), 3, dtype=torch.long),
             }

@@ -110,9 +110,9 @@ def test_the_old_sft_checkpoint_key_says_what_replaced_it():
         load_config(
             None, ["model.path=/m", "data.train_files=[/t]", "trainer.checkpoint_freq=5"], schema=SFTConfig
         )
-    with pytest.raises(ConfigError, match=r"'trainer.save_freq' .* must be >= 0"):
+    with pytest.raises(ConfigError, match=r"'trainer.save_freq' .* must be >= -1"):
         load_config(
-            None, ["model.path=/m", "data.train_files=[/t]", "trainer.save_freq=-1"], schema=SFTConfig
+            None, ["model.path=/m", "data.train_files=[/t]", "trainer.save_freq=-2"], schema=SFTConfig
         )
 
 

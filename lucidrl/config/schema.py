@@ -100,7 +100,17 @@ class DataConfig:
     prompt_key: str = "prompt"
     max_prompt_length: PosInt = 512  # tokens, after the chat template
     max_response_length: PosInt = 256  # new tokens per sample
-    filter_overlong_prompts: bool = False  # False: an overlong prompt is an error naming file and row
+    filter_overlong_prompts: bool = False  # True: drop prompts longer than max_prompt_length (counted)
+    # an overlong prompt that is not filtered: error (naming file and row), or cut to max_prompt_length
+    # tokens keeping its end (left), its start (right) or both ends (middle), counted, as verl's key does
+    truncation: Literal["error", "left", "right", "middle"] = "error"
+    # chat: render the prompt's messages with the tokenizer's chat template; raw: the prompt's one message
+    # is the model's input text as written (verl's TinyZero and Logic-RL files carry their own ChatML or
+    # "User: ... Assistant: <think>" markup); auto: raw for rows whose one user message holds such markup,
+    # chat for the others, with one notice saying how many
+    prompt_format: Literal["auto", "chat", "raw"] = "auto"
+    # extra keyword arguments for the chat template (verl's key), e.g. {enable_thinking: false} for Qwen3
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     train_batch_size: PosInt = 8  # prompts per step (each sampled rollout.n times)
     val_batch_size: PosInt | None = None  # prompts per validation generate call; None: all at once
     shuffle: bool = True
@@ -435,12 +445,12 @@ class TrainerConfig:
     total_epochs: PosInt = 1
     total_training_steps: PosInt | None = None  # None: total_epochs over the training set
     # validate every N steps (and after the last)
-    test_freq: Annotated[int, Range(">= 0", "0: only after the last step")] = 0
+    test_freq: Annotated[int, Range(">= -1", "0: only after the last step; -1: never (verl's default)")] = 0
     val_before_train: bool = True  # not on a resume (verl validates again there): the start was measured
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     save_final_model: bool = True
-    # checkpoints (verl's keys): full training state every N steps in RUN_DIR/checkpoints (0: none)
-    save_freq: Annotated[int, Range(">= 0", "0: no checkpoints")] = 0
+    # checkpoints (verl's keys): full training state every N steps in RUN_DIR/checkpoints, and after the last
+    save_freq: Annotated[int, Range(">= -1", "0 or -1 (verl's never): no checkpoints")] = 0
     # auto: resume from RUN_DIR's latest checkpoint when it has one; disable: never; resume_path:
     # from trainer.resume_from_path (a checkpoint folder, or a run directory's latest)
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
@@ -547,7 +557,7 @@ class SFTTrainerConfig:
     test_freq: Annotated[int, Range(">= 0", "0: only after the last step")] = 0
     # checkpoints and resuming: the same keys and meaning as `lucidrl train`'s
     # full training state every N steps in RUN_DIR/checkpoints
-    save_freq: Annotated[int, Range(">= 0", "0: no checkpoints")] = 0
+    save_freq: Annotated[int, Range(">= -1", "0 or -1 (verl's never): no checkpoints")] = 0
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     resume_from_path: str | None = None
     max_ckpt_to_keep: PosInt | None = None

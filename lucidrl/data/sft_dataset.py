@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from lucidrl.data.dataset import DatasetError, _check_messages, _render
+from lucidrl.data.prompt_format import DatasetError, check_messages, render_chat
 
 IGNORE = -100  # label of a token that carries no loss (prompt, padding)
 
@@ -57,7 +57,7 @@ def load_sft_rows(
                 raise DatasetError(
                     f"{where}: column '{response_key}' must be a non-empty string, got {response!r}"
                 )
-            text, _ = _render(tokenizer, _check_messages(prompt, where, prompt_key))
+            text, _ = render_chat(tokenizer, check_messages(prompt, where, prompt_key))
             p_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             r_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
             if not r_ids or r_ids[-1] != tokenizer.eos_token_id:  # one eos, also where the text has it (TRL)

@@ -1,5 +1,10 @@
 """Choosing a rule reward by a row's `data_source` (verl's `default_compute_score`), plus user registration.
 
+Each built-in rule scores as the project it comes from does on the same text (tests/test_reward_parity.py
+runs verl's, TinyZero's and Logic-RL's functions beside them): GSM8K, MATH and DAPO's math as verl's,
+Countdown as TinyZero's, Knights & Knaves as Logic-RL's. docs/migration.md lists the options that
+differ, each off by default.
+
 A reward function registered here takes `(solution_str, ground_truth, extra_info=None)` and returns a
 float or a dict holding "score" and extra metrics. Add one with the decorator:
 
@@ -24,8 +29,7 @@ class UnknownDataSourceError(UserError, ValueError):
 
 
 REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "kk_logic": kk.compute_score,
-    "kk": kk.compute_score,
+    **dict.fromkeys(kk.KK_SOURCES, kk.compute_score),
     "openai/gsm8k": gsm8k.compute_score,
     "gsm8k": gsm8k.compute_score,
     # verl's MATH sources
@@ -52,6 +56,8 @@ def get_reward_function(data_source: str) -> Callable[..., Any]:
         return fn
     if str(data_source).startswith("aime"):  # verl's prefix rule: aime2024, aime2025, ...
         return math_dapo.compute_score
+    if "countdown" in str(data_source):  # TinyZero's rule: any source naming it
+        return countdown.compute_score
     known = known_data_sources()
     close = difflib.get_close_matches(str(data_source), known, n=1, cutoff=0.5)
     hint = f" Did you mean {close[0]!r}?" if close else ""

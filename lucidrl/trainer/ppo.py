@@ -114,8 +114,10 @@ class PPOTrainer:
         r, cfg = self.filter_report, self.cfg
         lines = [
             f"run directory {self.run_dir}",
-            f"{len(self.train_samples)} training prompts ({r.overlong_filtered} overlong filtered, longest "
-            f"{r.longest_prompt} tokens), {len(self.val_samples)} validation prompts",
+            f"{len(self.train_samples)} training prompts ({r.overlong_filtered} overlong filtered, "
+            + (f"{r.truncated} cut to data.max_prompt_length, " if r.truncated else "")
+            + (f"{r.raw_prompts} fed as raw text (data.prompt_format), " if r.raw_prompts else "")
+            + f"longest {r.longest_prompt} tokens), {len(self.val_samples)} validation prompts",
             f"{self.total_steps} steps of {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples, "
             f"adv_estimator={cfg.algorithm.adv_estimator}, policy_loss={cfg.actor.policy_loss}, "
             f"KL loss {'on (' + cfg.actor.kl_loss_type + ')' if cfg.actor.use_kl_loss else 'off'}, "
@@ -264,12 +266,15 @@ class PPOTrainer:
                 ending = out_of_time or self.global_step == self.total_steps
                 verdict = self.guard.after_step(self.global_step, metrics, ending)
                 last = ending or verdict.stop
-                if (cfg.test_freq and self.global_step % cfg.test_freq == 0) or last:
+                # test_freq -1 (verl's default): never, not even after the last step
+                if (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0) or (
+                    last and cfg.test_freq >= 0
+                ):
                     metrics.update(self.validate())
                 self.tracker.log(metrics, step=self.global_step)
                 if self.on_step is not None:
                     self.on_step(self.global_step, metrics)
-                if cfg.save_freq and (self.global_step % cfg.save_freq == 0 or last):
+                if cfg.save_freq > 0 and (self.global_step % cfg.save_freq == 0 or last):  # -1: never
                     self._save_or_say_why_not(verdict.collapsed)
                 if out_of_time:
                     self._say(

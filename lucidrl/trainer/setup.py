@@ -130,6 +130,9 @@ def load_data(cfg: LucidConfig, tokenizer) -> tuple[list[PromptSample], list[Pro
         max_prompt_length=d.max_prompt_length,
         prompt_key=d.prompt_key,
         filter_overlong=d.filter_overlong_prompts,
+        truncation=d.truncation,
+        prompt_format=d.prompt_format,
+        template_kwargs=d.apply_chat_template_kwargs,
         what="data.train_files",
     )
     val: list[PromptSample] = []
@@ -140,6 +143,9 @@ def load_data(cfg: LucidConfig, tokenizer) -> tuple[list[PromptSample], list[Pro
             max_prompt_length=d.max_prompt_length,
             prompt_key=d.prompt_key,
             filter_overlong=d.filter_overlong_prompts,
+            truncation=d.truncation,
+            prompt_format=d.prompt_format,
+            template_kwargs=d.apply_chat_template_kwargs,
             what="data.val_files",
         )
     return train, val, report

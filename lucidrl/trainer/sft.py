@@ -186,7 +186,7 @@ class SFTTrainer:
                 if (t.test_freq and self.global_step % t.test_freq == 0) or last:
                     metrics.update(self.validate())
                 self.tracker.log(metrics, step=self.global_step)
-                if t.save_freq and (self.global_step % t.save_freq == 0 or last):
+                if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last):  # -1: never
                     began = time.perf_counter()
                     path = self.save_checkpoint()
                     line = checkpoint.saved_line(path, time.perf_counter() - began)

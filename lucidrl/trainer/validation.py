@@ -11,6 +11,7 @@ from collections import defaultdict
 
 from lucidrl.batch import Batch, align_widths
 from lucidrl.data.dataset import PromptSample, collate
+from lucidrl.rewards.kk import people_count
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer.metrics import nanmean
 from lucidrl.workers.rollout_hf import SamplingParams
@@ -53,7 +54,7 @@ def validate(
     groups: dict[str, list[int]] = defaultdict(list)
     for i, ds in enumerate(batch["data_source"]):
         groups[ds].append(i)
-        n_people = batch["extra_info"][i].get("n_people")
+        n_people = people_count(ds, batch["ground_truth"][i], batch["extra_info"][i])
         if n_people is not None:
             groups[f"{ds}/acc/{n_people}_people"].append(i)
     out: dict[str, float] = {}

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.models.lora import ADAPTER, is_lora, load_adapter_state
+from lucidrl.models.saving import make_portable
 
 WEIGHTS = "model"  # the HuggingFace folder inside a role's checkpoint folder
 INDEX = "model.safetensors.index.json"  # what DCP's HuggingFace writer names the weight map
@@ -96,6 +97,9 @@ def _write_model_files(hf_model, folder: Path, tokenizer) -> None:
         generation.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
+    make_portable(
+        folder
+    )  # a checkpoint's weights folder loads with from_pretrained, in transformers 4.5x too
 
 
 def save_train_state(
