@@ -408,3 +408,17 @@ def load_config_value(override: str):
 
     value = parse_override(override)[1]
     return value if isinstance(value, list) else [value]
+
+
+def test_a_per_sequence_loss_gets_the_aggregation_verl_gives_it_whatever_the_line_says():
+    """verl's geo_mean and sapo average per sequence and ignore loss_agg_mode (its GMPO script sets
+    token-mean); lucidrl's loader asks for the mode to say so, so the translation sets it, and notes it."""
+    from lucidrl.config.verl import translate
+
+    for given in ([], ["actor_rollout_ref.actor.loss_agg_mode=token-mean"]):
+        out = translate(["actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean", *given], cuda=False)
+        modes = [v for k, v, _ in out.assignments if k == "actor.loss_agg_mode"]
+        assert modes == ["seq-mean-token-mean"]
+        assert any("verl aggregates it per sequence" in n for n in out.notes)
+    vanilla = translate(["actor_rollout_ref.actor.loss_agg_mode=token-mean"], cuda=False)
+    assert [v for k, v, _ in vanilla.assignments if k == "actor.loss_agg_mode"] == ["token-mean"]

@@ -252,6 +252,7 @@ def translate(overrides: list[str], *, from_file: bool = False, cuda: bool | Non
             value = min(v for v, _ in options)
         source = "verl override " + " and ".join(line.given for _, line in options)
         out.assignments.append((lucid_key, value, source))
+    _per_sequence_losses(out)
     if not from_file:
         defaults = dict(VERL_DEFAULTS)
         defaults["trainer.device"] = "cuda" if on_gpu else "cpu"
@@ -261,6 +262,31 @@ def translate(overrides: list[str], *, from_file: bool = False, cuda: bool | Non
         if not on_gpu and "trainer.device" not in wanted:
             out.notes.append("verl's default trainer.device=cuda: no CUDA GPU here, so trainer.device=cpu")
     return out
+
+
+# policy losses that verl 0.9.1 aggregates per sequence whatever actor.loss_agg_mode says; lucidrl's loader
+# asks for the mode to say so (config/algorithm_checks.py)
+PER_SEQUENCE_LOSSES = ("geo_mean", "sapo")
+
+
+def _per_sequence_losses(out: Translation) -> None:
+    """With geo_mean or sapo, verl ignores loss_agg_mode and averages per sequence: the translation says
+    so in lucidrl's key (seq-mean-token-mean), whatever the command line set, and notes it."""
+    loss = next((v for k, v, _ in out.assignments if k == "actor.policy_loss"), None)
+    if loss not in PER_SEQUENCE_LOSSES:
+        return
+    given = [v for k, v, _ in out.assignments if k == "actor.loss_agg_mode"]
+    out.assignments = [a for a in out.assignments if a[0] != "actor.loss_agg_mode"]
+    out.assignments.append(("actor.loss_agg_mode", "seq-mean-token-mean", f"verl's {loss} loss"))
+    was = (
+        f" (the command line's {given[-1]} is what verl ignores)"
+        if given and given[-1] != "seq-mean-token-mean"
+        else ""
+    )
+    out.notes.append(
+        f"actor.policy_loss={loss}: verl aggregates it per sequence whatever loss_agg_mode says, so "
+        f"actor.loss_agg_mode=seq-mean-token-mean{was}"
+    )
 
 
 def translate_or_raise(
