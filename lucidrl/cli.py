@@ -119,28 +119,30 @@ def _print_keys(schema: type) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from lucidrl.config import LucidConfig, load_config
-    from lucidrl.trainer.ppo import PPOTrainer
+    from lucidrl.trainer.restart import fit_with_restarts
 
     if args.help_config:
         return _print_keys(LucidConfig)
     config_path, overrides = _split_config_args(args.args)
     # a verl command line (an actor_rollout_ref.* key, or --verl) is translated and the translation printed
     cfg = load_config(config_path, overrides, verl=True if args.verl else None)
-    trainer = PPOTrainer(cfg)
-    trainer.announce()
-    run_dir = trainer.fit()
-    print(f"run directory: {run_dir} (metrics.jsonl, config.yaml, final/ HuggingFace model)")
+    # on a Ray worker's death it resumes from the latest checkpoint, trainer.max_restarts times
+    trainer = fit_with_restarts(cfg)
+    print(f"run directory: {trainer.run_dir} (metrics.jsonl, config.yaml, final/ HuggingFace model)")
     return 0
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
     from lucidrl.config import SFTConfig, load_config
+    from lucidrl.trainer.interrupt import RaiseOnSigterm
     from lucidrl.trainer.sft import SFTTrainer
 
     if args.help_config:
         return _print_keys(SFTConfig)
     config_path, overrides = _split_config_args(args.args)
-    trainer = SFTTrainer(load_config(config_path, overrides, schema=SFTConfig))
+    cfg = load_config(config_path, overrides, schema=SFTConfig)
+    with RaiseOnSigterm():  # loading the model and data: SIGTERM stops with a word, not silently
+        trainer = SFTTrainer(cfg)
     run_dir = trainer.fit()
     print(f"run directory: {run_dir} (metrics.jsonl, config.yaml, final/ HuggingFace model)")
     return 0
@@ -265,7 +267,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from lucidrl.trainer.checkpoint import export_checkpoint
+    from lucidrl.trainer.export import export_checkpoint
 
     out = export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
     print(f"wrote a HuggingFace model folder to {out} (the actor of {args.checkpoint})")
@@ -561,6 +563,13 @@ def main(argv: list[str] | None = None) -> int:
         # a user error raised in a Ray worker (RemoteUserError) is named by its original type
         print(f"error ({getattr(e, 'type_name', type(e).__name__)}): {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        if debug_enabled():
+            raise
+        # a training run's (trainer/interrupt.py RunInterrupted) says what it saved and how to go on
+        code = getattr(e, "exit_code", 130)
+        print(f"lucidrl: {str(e) or 'interrupted (Ctrl-C)'}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

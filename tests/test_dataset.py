@@ -67,9 +67,12 @@ def test_message_fields_reach_the_template_and_a_none_content_is_refused():
     messages = [{"role": "user", "content": "a", "name": "bob", "tool_calls": None}]
     assert _check_messages(messages, "f row 0", "prompt") == [{"role": "user", "content": "a", "name": "bob"}]
     with pytest.raises(
-        DatasetError, match="f row 3: message .* needs a 'role' and a 'content' that is not None"
+        DatasetError, match="f row 3: message .* needs a 'role' and a 'content' that are not None"
     ):
         _check_messages([{"role": "user", "content": None}], "f row 3", "prompt")
+    # a role of None: parquet fills in a key that only other rows have (it failed inside the chat template)
+    with pytest.raises(DatasetError, match="f row 4: message .* needs a 'role'"):
+        _check_messages([{"role": None, "content": "hi"}], "f row 4", "prompt")
 
 
 def test_collate_left_pads_and_loader_is_seeded(kk_data, tiny_tokenizer):

@@ -408,6 +408,15 @@ class OverlongBufferConfig:
 class RewardConfig:
     custom_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    # a sample whose reward function raises, times out (timeout_s) or returns no usable score:
+    # raise: the run stops with the error (naming the sample); mask: the sample gets no gradient (its
+    # tokens leave every loss term, and its group's baseline is its other samples'); zero: it scores 0.
+    # mask and zero count such samples (reward/failed, reward/timed_out) and print the first error once
+    on_error: Literal["raise", "mask", "zero"] = "raise"
+    # seconds one sample's reward function may take; past it the sample counts as failed (on_error).
+    # The call runs in a thread, which Python cannot stop: a call past its time runs on in the
+    # background. None: no limit (and no thread)
+    timeout_s: Seconds | None = None
 
 
 @dataclass
@@ -467,6 +476,13 @@ class TrainerConfig:
     master_port: Port | None = None  # torch.distributed rendezvous port; None: a free one, found on rank 0
     cpus_per_rank: PosInt = 1  # CPUs Ray reserves for each rank (and its torch threads)
     max_time_s: Seconds | None = None  # stop after this many seconds of training (checked between steps)
+    # on Ctrl-C or SIGTERM the run ends its current step and stops (exit 130 / 143); true: it saves a
+    # checkpoint of that step first (also with save_freq=0), so running the command again continues there
+    save_on_interrupt: bool = True
+    # with backend=ray: when a worker process dies (killed, out of memory), tear the worker groups down,
+    # start them again and resume from the latest checkpoint (from the start without one), at most this
+    # many times per run; each restart is printed with its cause. 0: the run stops at the first death
+    max_restarts: Annotated[int, Range(">= 0", "0: no restarts")] = 0
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
 
 
@@ -561,6 +577,7 @@ class SFTTrainerConfig:
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     resume_from_path: str | None = None
     max_ckpt_to_keep: PosInt | None = None
+    save_on_interrupt: bool = True  # as `lucidrl train`'s: a checkpoint of the step Ctrl-C or SIGTERM ended
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     save_final_model: bool = True
     seed: Seed = 0

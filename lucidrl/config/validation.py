@@ -251,9 +251,20 @@ def _validate_lora(cfg: LucidConfig) -> None:
         )
 
 
+def _validate_restarts(t: Any) -> None:
+    """trainer.max_restarts restarts Ray worker groups; the local backend has none to lose."""
+    if t.max_restarts and t.backend != "ray":
+        raise ConfigError(
+            f"trainer.max_restarts={t.max_restarts} restarts the run when a Ray worker process dies; with "
+            f"trainer.backend={t.backend} the workers run in the trainer's own process, which cannot outlive "
+            "them: drop trainer.max_restarts, or set trainer.backend=ray"
+        )
+
+
 def _validate_rl(cfg: LucidConfig) -> None:
     """Batch arithmetic, ranges and names that must exist in a registry."""
     _validate_checkpointing(cfg.trainer)
+    _validate_restarts(cfg.trainer)
     _validate_reward_model(cfg.reward_model)
     _validate_lora(cfg)
     _validate_collapse(cfg.trainer.collapse)

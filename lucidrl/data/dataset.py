@@ -40,6 +40,12 @@ class PromptSample:
     raw: bool = False  # fed as written, its own chat markup included (data.prompt_format)
 
 
+def row_of(sample: PromptSample) -> str:
+    """Where a sample came from, as errors name it: "FILE row I"."""
+    file, _, row = sample.source.rpartition(":")
+    return f"{file} row {row}"
+
+
 @dataclass
 class FilterReport:
     """What loading dropped, so a run can say it (never silently)."""
@@ -49,6 +55,39 @@ class FilterReport:
     truncated: int = 0  # overlong prompts cut to data.max_prompt_length (data.truncation)
     raw_prompts: int = 0  # prompts fed as written, their own chat markup included (data.prompt_format)
     longest_prompt: int = 0
+
+
+def check_chat_template(tokenizer: Any, what: str) -> None:
+    """DatasetError unless `tokenizer` has a chat template: every prompt is rendered with it (a string
+    prompt too, as one user message). Without, transformers fails at the first row with a ValueError
+    that names neither the tokenizer's folder nor the setting."""
+    if getattr(tokenizer, "chat_template", None):
+        return
+    where = getattr(tokenizer, "name_or_path", "") or "?"
+    raise DatasetError(
+        f"{what}: the tokenizer from '{where}' (model.tokenizer_path, else model.path) has no chat template, "
+        "and lucidrl renders every prompt with it; use the tokenizer of a chat or instruct model "
+        "(model.tokenizer_path), or give this one a template: tokenizer.chat_template = '...' then "
+        "tokenizer.save_pretrained(FOLDER) (`lucidrl model tiny` writes one)"
+    )
+
+
+def read_table(file: str, what: str) -> Any:
+    """One parquet file of `what` (a config key) as a pyarrow Table; DatasetError naming the file when it is
+    missing, unreadable or holds no rows."""
+    path = Path(file)
+    if not path.is_file():
+        raise DatasetError(f"{what}: file '{file}' does not exist")
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow raises several types for a non-parquet file
+        raise DatasetError(f"{what}: '{file}' is not a readable parquet file: {e}") from e
+    if table.num_rows == 0:
+        raise DatasetError(
+            f"{what}: '{file}' holds no rows (columns: {', '.join(table.column_names) or 'none'}); "
+            "write the data again, or leave the file out of the list"
+        )
+    return table
 
 
 def load_prompts(
@@ -70,16 +109,12 @@ def load_prompts(
         raise DatasetError(
             f"{what} is empty; give at least one parquet file (e.g. `lucidrl data kk --out DIR`)"
         )
+    check_chat_template(tokenizer, what)
     samples: list[PromptSample] = []
     report = FilterReport()
+    overlong_per_file: dict[str, int] = {}
     for file in files:
-        path = Path(file)
-        if not path.is_file():
-            raise DatasetError(f"{what}: file '{file}' does not exist")
-        try:
-            table = pq.read_table(path)
-        except Exception as e:  # pyarrow raises several types for a non-parquet file
-            raise DatasetError(f"{what}: '{file}' is not a readable parquet file: {e}") from e
+        table = read_table(file, what)
         for col in (prompt_key, *REQUIRED_COLUMNS):
             if col not in table.column_names:
                 raise DatasetError(
@@ -111,6 +146,7 @@ def load_prompts(
             if len(ids) > max_prompt_length:
                 if filter_overlong:
                     report.overlong_filtered += 1
+                    overlong_per_file[file] = overlong_per_file.get(file, 0) + 1
                     continue
                 if truncation == "error":
                     raise DatasetError(
@@ -159,7 +195,12 @@ def load_prompts(
             report.total_rows,
         )
     if not samples:
-        raise DatasetError(f"{what}: no prompts left after filtering ({report.overlong_filtered} overlong)")
+        per_file = ", ".join(f"'{f}' {n} rows" for f, n in overlong_per_file.items())
+        raise DatasetError(
+            f"{what}: all {report.total_rows} prompts are longer than data.max_prompt_length={max_prompt_length} "
+            f"tokens (the longest {report.longest_prompt}) and data.filter_overlong_prompts=true dropped them "
+            f"({per_file}); raise data.max_prompt_length to at least {report.longest_prompt}, or give shorter prompts"
+        )
     return samples, report
 
 

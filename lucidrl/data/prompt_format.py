@@ -89,10 +89,11 @@ def check_messages(value: Any, where: str, prompt_key: str) -> list[dict[str, An
             f"([{{'role': 'user', 'content': ...}}, ...]) or a string, got {str(value)[:80]!r}"
         )
     for m in value:
-        if not isinstance(m, dict) or "role" not in m or m.get("content") is None:
+        # a key only other rows have reaches this row as None (parquet fills it in): a role of None is none
+        if not isinstance(m, dict) or not m.get("role") or m.get("content") is None:
             raise DatasetError(
                 f"{where}: message {str(m)[:80]!r} in column '{prompt_key}' needs a 'role' and a 'content' "
-                "that is not None"
+                "that are not None"
             )
     # every field the data gives goes to the chat template (name, tool_calls, reasoning_content, ...), as
     # verl and TRL pass the messages; None fields are what parquet fills in for a key only other rows have

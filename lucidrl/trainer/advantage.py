@@ -12,6 +12,7 @@ from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.trainer.collect import EXTRA_PREFIX
+from lucidrl.trainer.rewards import advantage_index, lone_survivors
 
 
 class RewardComponentError(UserError, ValueError):
@@ -61,7 +62,7 @@ def compute_advantage(batch: Batch, cfg: LucidConfig) -> Batch:
     available = {
         "token_level_rewards": batch["token_level_rewards"],
         "response_mask": loss_mask(batch),
-        "index": batch["uid"],
+        "index": advantage_index(batch),  # a sample whose reward failed (reward.on_error=mask) alone
         "norm_adv_by_std_in_grpo": alg.norm_adv_by_std_in_grpo,
         "gamma": alg.gamma,
         "lam": alg.lam,
@@ -81,6 +82,9 @@ def compute_advantage(batch: Batch, cfg: LucidConfig) -> Batch:
             f"advantage estimator '{alg.adv_estimator}' needs {missing}, which this run does not compute"
         )
     advantages, returns = estimator(**{k: v for k, v in available.items() if k in wanted})
+    if "index" in wanted:  # a group estimator: a sample whose group's others all failed has no baseline
+        lone = lone_survivors(batch).unsqueeze(-1)
+        advantages, returns = advantages.masked_fill(lone, 0.0), returns.masked_fill(lone, 0.0)
     return Batch(tensors={"advantages": advantages, "returns": returns})
 
 

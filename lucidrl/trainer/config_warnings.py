@@ -41,6 +41,12 @@ def config_warnings(cfg: LucidConfig) -> list[str]:
             "trainer.collapse watches nothing in this run: its one sign, min_mixed_groups_ratio, compares "
             "a prompt's samples and rollout.n=1 gives one; set trainer.collapse.min_entropy or max_score_drop"
         )
+    t = cfg.trainer
+    if t.max_restarts and not t.save_freq:
+        lines.append(
+            f"trainer.max_restarts={t.max_restarts} with trainer.save_freq=0: a run restarted after a worker died "
+            "starts again from step 0, having no checkpoint to resume from; set trainer.save_freq"
+        )
     if cfg.model.dtype == "bfloat16":
         trained = "actor's and critic's" if cfg.algorithm.adv_estimator == "gae" else "actor's"
         lines.append(

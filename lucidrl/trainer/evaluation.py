@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from lucidrl.batch import Batch
-from lucidrl.data.dataset import DatasetError, PromptSample, collate, load_prompts
+from lucidrl.data.dataset import DatasetError, PromptSample, collate, load_prompts, row_of
 from lucidrl.diagnostics.errors import UsageError
 from lucidrl.rewards.kk import people_count
 from lucidrl.rewards.manager import RuleRewardManager
+from lucidrl.rewards.registry import check_data_sources
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
 
 MODES = ("greedy", "sampled")
@@ -186,6 +187,8 @@ def evaluate(
     rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size)
     path, _, name = (reward_function or "").partition(":")
     reward = RuleRewardManager.from_config(tokenizer, path or None, name or "compute_score")
+    if not path:  # the built-in rules: every row's data_source needs one, checked before generating
+        check_data_sources(((s.data_source, row_of(s)) for s in samples), "--data")
     modes = {"greedy": SamplingParams(n=1, do_sample=False, max_new_tokens=max_new_tokens)}
     if sampled:
         modes["sampled"] = SamplingParams(

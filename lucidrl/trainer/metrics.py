@@ -57,13 +57,28 @@ def groups_tied_at_best(groups: dict[Any, list[float]]) -> float:
 
 def step_metrics(batch: Batch, max_response_length: int, compare_rollout: bool = True) -> dict[str, float]:
     """Scores, rewards, advantages, values, lengths and reward-function extras of one training batch;
-    with `compare_rollout`, the gap between the engine's and the actor's old log-probs."""
+    with `compare_rollout`, the gap between the engine's and the actor's old log-probs.
+
+    Samples left out of the update because their reward failed (reward.on_error=mask: a zeroed
+    response_mask, the generated one kept as `generated_mask`) count in the lengths, and not in the
+    scores and score groups: theirs is no score. reward/failed and reward/timed_out count them."""
     mask = batch["response_mask"].bool()
-    resp_len = mask.sum(-1)
+    resp_len = batch["generated_mask"].sum(-1) if "generated_mask" in batch else mask.sum(-1)
     prompt_len = batch["prompt_mask"].sum(-1)
     seq_scores = batch["token_level_scores"].sum(-1)
     seq_rewards = batch["token_level_rewards"].sum(-1)
     out: dict[str, float] = {}
+    uids = batch["uid"]
+    if "reward_failed" in batch:
+        out["reward/failed"] = float(batch["reward_failed"].sum())
+        out["reward/timed_out"] = float(batch["reward_timed_out"].sum())
+        if "generated_mask" in batch:
+            kept = (~batch["reward_failed"]).nonzero().flatten()
+            seq_scores, seq_rewards = seq_scores[kept], seq_rewards[kept]
+            uids = [uids[i] for i in kept.tolist()]
+    if not len(seq_scores):  # every sample's reward failed: no score to report
+        seq_scores = seq_rewards = torch.tensor([float("nan")])
+        uids = ["none"]
     out.update(_stats("critic/score", seq_scores))
     out.update(_stats("critic/rewards", seq_rewards))
     adv = batch["advantages"][mask]
@@ -72,7 +87,7 @@ def step_metrics(batch: Batch, max_response_length: int, compare_rollout: bool =
     out["response_length/clip_ratio"] = (resp_len >= max_response_length).float().mean().item()
     out.update(_stats("prompt_length", prompt_len))
     # GRPO learns nothing from a group whose samples all scored the same: watch this fraction
-    groups = score_groups(seq_scores, batch["uid"])
+    groups = score_groups(seq_scores, uids)
     mixed = [len(set(v)) > 1 for v in groups.values()]
     out["critic/groups_with_mixed_scores"] = sum(mixed) / len(mixed)
     out["critic/groups_tied_at_best"] = groups_tied_at_best(groups)

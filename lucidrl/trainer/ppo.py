@@ -17,7 +17,7 @@ from lucidrl.config.algorithm_checks import rollout_correction_active
 from lucidrl.controller.dispatch import mini_batch_order
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
-from lucidrl.trainer import checkpoint, setup
+from lucidrl.trainer import checkpoint, run_status, setup
 from lucidrl.trainer.advantage import (
     apply_reward_kl,
     compute_advantage,
@@ -29,7 +29,11 @@ from lucidrl.trainer.collapse import CollapseMonitor, CollapseReport
 from lucidrl.trainer.collapse_guard import CollapseGuard
 from lucidrl.trainer.collect import BatchCollector
 from lucidrl.trainer.config_warnings import config_warnings
+from lucidrl.trainer.interrupt import RunInterrupted, StopSignals, how_to_continue, stopped_message
 from lucidrl.trainer.metrics import step_metrics, timer, timing_metrics
+from lucidrl.trainer.reward_progress import show_scoring_progress
+from lucidrl.trainer.rewards import leave_out_failed
+from lucidrl.trainer.save_failure import removed_on_failure
 from lucidrl.trainer.tracking import Tracker
 from lucidrl.trainer.validation import validate
 
@@ -108,6 +112,7 @@ class PPOTrainer:
             self.resume(resume)
         # after the resume: one that is refused opens no tracker run
         self.tracker = Tracker.for_run(cfg, self.run_dir, resumed_step=self.global_step if in_place else None)
+        show_scoring_progress(self.workers.reward, self.tracker.console)  # a slow reward says how far it is
 
     def announce(self) -> None:
         """Say what this run will do, including anything the data loading dropped."""
@@ -179,6 +184,8 @@ class PPOTrainer:
         cfg, w, t = self.cfg, self.workers, {}
         with timer("step", t):
             batch, metrics = self.collector.collect(t)  # rollout.generate + rewards.score (+ DAPO filter)
+            if cfg.reward.on_error == "mask":
+                batch = leave_out_failed(batch)  # no gradient from a sample whose reward failed
             debug_hop("rollout + reward -> trainer", batch)
             updates_actor = self.global_step > cfg.critic.warmup_steps
             # on-policy the update takes them from its own forward; while the critic warms up no update
@@ -248,8 +255,14 @@ class PPOTrainer:
 
     def fit(self) -> Path:
         """Train for the configured steps (or time); stop on a detected collapse. Returns the run directory."""
-        # a run that raises is marked failed in W&B and MLflow; its Ray actors are stopped either way
-        with self.tracker, self.workers:
+        # a run that raises is marked failed in W&B and MLflow; its Ray actors are stopped either way;
+        # RUN_DIR/run_status.json says how it ended; Ctrl-C and SIGTERM end the step first (interrupt.py)
+        with (
+            self.tracker,
+            self.workers,
+            run_status.recorded(self.run_dir, lambda: self.global_step),
+            StopSignals(lambda: f"step {self.global_step}", self._how_to_continue) as signals,
+        ):
             cfg = self.cfg.trainer
             if cfg.val_before_train and self.resumed_from is None:
                 before = self.validate()
@@ -266,16 +279,21 @@ class PPOTrainer:
                 ending = out_of_time or self.global_step == self.total_steps
                 verdict = self.guard.after_step(self.global_step, metrics, ending)
                 last = ending or verdict.stop
+                stopping = signals.requested is not None and not last  # the last step finishes the run
                 # test_freq -1 (verl's default): never, not even after the last step
-                if (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0) or (
+                validates = (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0) or (
                     last and cfg.test_freq >= 0
-                ):
+                )
+                if validates and not stopping:
                     metrics.update(self.validate())
                 self.tracker.log(metrics, step=self.global_step)
                 if self.on_step is not None:
                     self.on_step(self.global_step, metrics)
-                if cfg.save_freq > 0 and (self.global_step % cfg.save_freq == 0 or last):  # -1: never
+                saves = cfg.save_freq > 0 and (self.global_step % cfg.save_freq == 0 or last)  # -1: never
+                if saves or (stopping and cfg.save_on_interrupt):
                     self._save_or_say_why_not(verdict.collapsed)
+                if stopping:
+                    self._stop(signals.requested)
                 if out_of_time:
                     self._say(
                         f"stopped at step {self.global_step}: trainer.max_time_s={cfg.max_time_s} reached"
@@ -285,6 +303,17 @@ class PPOTrainer:
             if cfg.save_final_model:
                 self.save_model(self.run_dir / "final")
         return self.run_dir
+
+    def _stop(self, signum: int) -> None:
+        """After a step that a signal asked to be the last: say what was saved and how to go on."""
+        latest = checkpoint.latest_name(self.run_dir)
+        msg = stopped_message(
+            signum, self.global_step, self.total_steps, latest, self.cfg.trainer.resume_mode
+        )
+        raise RunInterrupted(signum, msg)
+
+    def _how_to_continue(self) -> str:
+        return how_to_continue(checkpoint.latest_name(self.run_dir), self.cfg.trainer.resume_mode)
 
     def _save_or_say_why_not(self, collapsed: bool) -> None:
         if (
@@ -321,19 +350,19 @@ class PPOTrainer:
 
     def save_checkpoint(self) -> Path:
         """Every group's training state plus the trainer's, under a temporary name renamed when complete."""
-        tmp = checkpoint.begin(self.run_dir, self.global_step)
-        for group in self.workers.groups:
-            group.save_checkpoint(str(tmp))
-        state = {
-            "kind": "rl",
-            "global_step": self.global_step,
-            "batches_drawn": self.batches_drawn,
-            "generation_rounds": self.collector.rounds,
-            "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
-            "collapse_monitor": self.monitor.state_dict(),
-        }
-        checkpoint.write_trainer_state(tmp, state, to_dict(self.cfg))
-        return checkpoint.commit(tmp, self.cfg.trainer.max_ckpt_to_keep)
+        with checkpoint.writing(self.run_dir, self.global_step) as tmp:  # removed if the save fails
+            for group in self.workers.groups:
+                group.save_checkpoint(str(tmp))
+            state = {
+                "kind": "rl",
+                "global_step": self.global_step,
+                "batches_drawn": self.batches_drawn,
+                "generation_rounds": self.collector.rounds,
+                "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
+                "collapse_monitor": self.monitor.state_dict(),
+            }
+            checkpoint.write_trainer_state(tmp, state, to_dict(self.cfg))
+            return checkpoint.commit(tmp, self.cfg.trainer.max_ckpt_to_keep)
 
     def resume(self, path: Path) -> None:
         """Continue from a checkpoint: the groups' training state, then the trainer's own counters."""
@@ -361,7 +390,9 @@ class PPOTrainer:
 
     def save_model(self, path: Path) -> None:
         """A HuggingFace model folder (safetensors + tokenizer) loadable by from_pretrained."""
-        self.workers.actor.save_model(str(path))
+        tmp = Path(path).resolve().with_name(Path(path).name + ".tmp")  # where save_hf_folder writes it
+        with removed_on_failure(tmp, checkpoint.latest_name(self.run_dir)):
+            self.workers.actor.save_model(str(path))
 
 
 def _changes(changes: dict[str, tuple]) -> str:

@@ -46,6 +46,9 @@ def validate(
     # each batch's responses are as wide as its longest one: pad them to one width to join them
     batch = Batch.concat(align_widths(scored, pad_token_id))
     seq_scores = batch["token_level_scores"].sum(-1).tolist()
+    failed = batch["reward_failed"].tolist() if "reward_failed" in batch else [False] * len(batch)
+    # a sample whose reward failed (reward.on_error mask or zero) has no score to average: NaN, counted
+    seq_scores = [float("nan") if bad else v for v, bad in zip(seq_scores, failed, strict=True)]
     # row by row: in a set mixing sources, the rows of one whose reward returns no "acc" (GSM8K's 0/1
     # score is its accuracy) are NaN in the "acc" that another source's rows fill
     fallback = seq_scores if reward.score_is_accuracy else [float("nan")] * len(seq_scores)
@@ -75,4 +78,6 @@ def validate(
             if k != "acc" and any(values[i] == values[i] for i in idx):  # not an extra only others return
                 out[f"val/{key}/{k}"] = nanmean([values[i] for i in idx])
     out["val/acc"] = nanmean(acc)
+    if "reward_failed" in batch:
+        out["val/reward_failed"] = float(sum(failed))  # left out of the means above
     return out

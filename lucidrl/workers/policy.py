@@ -52,8 +52,8 @@ from lucidrl.workers.rollout_hf import HFRollout, SamplingParams, eos_token_ids
 from lucidrl.workers.train_state import (
     load_train_state,
     process_rng_state,
+    restore_rng_file,
     save_train_state,
-    set_process_rng_state,
 )
 
 log = logging.getLogger(__name__)
@@ -371,8 +371,14 @@ class PolicyWorker:
         for role, worker in (("actor", self.actor), ("critic", self.critic)):
             if worker is not None:
                 extra = {"nonfinite_skipped": 0}
+                critic_path = role == "critic" and self.cfg.critic.model_path
                 extra = load_train_state(
-                    worker.model, worker.optimizer, worker.scheduler, Path(path) / role, extra
+                    worker.model,
+                    worker.optimizer,
+                    worker.scheduler,
+                    Path(path) / role,
+                    extra,
+                    model_key="critic.model_path" if critic_path else "model.path",
                 )
                 if hasattr(worker, "nonfinite_skipped"):
                     worker.nonfinite_skipped = int(extra["nonfinite_skipped"])
@@ -381,7 +387,7 @@ class PolicyWorker:
         if not rng.is_file():  # the name before RNG files were kept per group
             rng = rng.with_name(f"rank_{self.rank}.pt")
         if rng.is_file():
-            set_process_rng_state(torch.load(rng, weights_only=False))
+            restore_rng_file(rng)  # tensors and numbers only: a crafted file runs no code
         else:  # weights and optimizer state reshard; the sampling RNG of a rank cannot
             log.warning(
                 "%s is missing (the checkpoint was saved with fewer ranks, or with other roles in this "
