@@ -162,9 +162,9 @@ class RolloutConfig:
     temperature: Annotated[float, Range("> 0", "the logits are divided by it")] = 1.0
     top_p: TopP = 1.0  # nucleus sampling of training rollouts; 1: none
     top_k: TopK = -1  # -1: no top-k filtering
-    # samples per decoding call (hf engine): on 2 cores 64 prompts x 8 decode at 2.1k tokens/s in calls
-    # of 64 and 4.3k in one call of 512 (the prompts' cache is held once, not per sample); lower it if
-    # generation runs out of memory
+    # samples per decoding call (hf engine): one large call decodes faster than several small ones (the
+    # prompts' cache is held once, not per sample; benchmarks/decode_cpu.py); lower it if generation runs
+    # out of memory
     micro_batch_size: PosInt = 512
     # "lucidrl": own loop, each prompt prefilled once and attended to once for its n samples
     # (shared-prefix attention), the system prompt all prompts share prefilled once, finished rows dropped;
@@ -229,7 +229,8 @@ class ActorConfig:
     # never formed (chunks checkpointed for the backward). 0: the whole micro-batch at once. One rank only
     head_chunk_tokens: Annotated[int, Range(">= 0", "0: the LM head on the whole micro-batch at once")] = 0
     # log-prob and entropy by torch.compile'd fused kernels (verl's key; lucidrl.algos.fused_logprob):
-    # 8x faster on a 150k vocabulary, nothing gained on tiny ones, seconds of compiling per process;
+    # much faster on a 150k vocabulary, nothing gained on tiny ones (benchmarks/head_chunks.py), seconds of
+    # compiling per process;
     # falls back to eager, with a warning, where compiling fails
     use_torch_compile: bool = False
     # dropout, LayerDrop and router jitter off in the actor and reference (TRL's PPO/RLOO trainers do the

@@ -46,9 +46,8 @@ from lucidrl.diagnostics.errors import UsageError
 # the RL pool, which GRPO then sees 20-odd times over. 3-person K&K has far more than any run gets
 # through: a pool of 3000 never comes round twice, so what GRPO gains there it cannot gain by recalling
 # answers. A 2-person trace is 60-150 tokens, a 3-person one 60-404 (seeds 0-2, 3400 puzzles each).
-# The curve_every fields checkpoint the runs for held-out learning curves, evaluated after the seed: about
-# 5 points per phase at these hosts' speeds (2 people: SFT 0.17-0.4 s a step, GRPO 1.1-4.6 s; 3 people:
-# 0.46 and 5.5 s).
+# The curve_every fields checkpoint the runs for held-out learning curves, evaluated after the seed: a few
+# points per phase at the speeds of 2-core hosts.
 PEOPLE_DEFAULTS = {
     2: {"labelled": 100, "unlabelled": 85, "renderings": 8, "max_new_tokens": 160, "sft_curve_every": 250,
         "rl_curve_every": 25},
@@ -65,13 +64,12 @@ class ScarceLabelsPlan:
     labelled: int | None = None  # puzzles that keep their reasoning traces
     unlabelled: int | None = None  # prompts only, for RL
     # each labelled puzzle also rendered with fresh names and sentences (data/kk/augment.py), for both
-    # SFT phases: with the 200 traces alone the model copies names it memorised (held-out traces right:
-    # 6%, accuracy 0.41, seed 0); with 8 renderings, 28% and 0.70 after the same 5 minutes
+    # SFT phases: with the traces alone the model copies names it memorised (docs/experiments)
     renderings: int | None = None
     pool_renderings: int = 1  # the same for the RL pool's prompts
     val: int = 100
-    # SFT on the labelled rows before the branches: the 0.6M model reaches its 200-label plateau
-    # (~0.44 held-out greedy) in 4-7 minutes on 2 cores; the 4.1M one (256/4) is still at chance then
+    # SFT on the labelled rows before the branches: long enough for the 0.6M model to reach its plateau
+    # on 2 cores (a 4.1M one is still at chance then)
     sft_s: float = 300.0
     rl_s: float = 360.0  # each branch's wall time
     # a model folder to start from (e.g. SmolLM2-135M-Instruct from `lucidrl model get`); None: a tiny
@@ -81,8 +79,7 @@ class ScarceLabelsPlan:
     layers: int = 2
     sft_batch: int = 32
     # length-sorted micro-batches of 8 rows (each padded to its own longest): the same gradient as one
-    # forward of 32 in 0.6x the time (benchmarks/sft_micro_batches.py), so 5 minutes take about twice
-    # the steps
+    # forward of 32 in less time (benchmarks/sft_micro_batches.py), so the budget takes more steps
     sft_micro_batch: int = 8
     sft_lr: float = 1e-3
     rl_prompts: int = 16
@@ -336,7 +333,7 @@ def learning_curve(
     restored: dict | None = None,
 ) -> list[dict]:
     """Held-out greedy accuracy of each checkpoint a run saved, in step order, with its training time: the
-    run's step times summed up to that step, from `start_s` (checkpoint saves, ~0.1 s, are not counted).
+    run's step times summed up to that step, from `start_s` (checkpoint saves are not counted).
 
     `restored`, for a GRPO run that ended on earlier weights (collapse detection's keep_last_healthy):
     {"step", "greedy_acc", "greedy_trace_ok"} of its final model. Its last checkpoint holds those

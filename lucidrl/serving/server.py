@@ -121,7 +121,7 @@ class CompletionEngine:
                 # text pieces, as vLLM and OpenAI send them (not the vocabulary's byte-level pieces, which
                 # join to other text and are null for ids past the tokenizer's end)
                 pieces = [self.tokenizer.decode([t], skip_special_tokens=True) for t in ids]
-                # a running sum (summing every prefix was quadratic: 2.4 s a choice at 8192 tokens)
+                # a running sum (summing every prefix was quadratic in the response's length)
                 offsets = [0, *itertools.accumulate(len(p) for p in pieces)][: len(pieces)]
                 choice["logprobs"] = {
                     "tokens": pieces,
