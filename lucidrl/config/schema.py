@@ -124,6 +124,9 @@ class ServerRolloutConfig:
     host: str | None = None
     port: Port | None = None
     timeout_s: Seconds = 600.0  # per HTTP request (a generation batch, a weight push)
+    # `vllm serve` (VLLM_SERVER_DEV_MODE=1) reloads pushed weights from a checkpoint folder written here,
+    # which the server must be able to read; None: the system's temporary folder (a server on this host)
+    weights_dir: str | None = None
 
 
 @dataclass

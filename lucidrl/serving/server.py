@@ -196,6 +196,9 @@ class CompletionEngine:
         except (SafetensorError, ValueError) as e:
             raise RequestError(f"the weights body is not a safetensors file: {e}", None) from e
         own = dict(self.model.named_parameters())
+        # a tied weight's second name (lm_head.weight beside the embedding): the same parameter, skipped
+        aliases = set(dict(self.model.named_parameters(remove_duplicate=False))) - set(own)
+        new = {k: v for k, v in new.items() if k not in aliases}
         missing, unexpected = sorted(set(own) - set(new)), sorted(set(new) - set(own))
         if missing or unexpected:
             raise RequestError(

@@ -200,6 +200,7 @@ class PolicyWorker:
                 port=sv.port,
                 timeout_s=sv.timeout_s,
                 eos_ids=eos_ids,
+                weights_dir=sv.weights_dir,
             )
             engine.check_accepts_weights(model.config)
             return engine
@@ -245,7 +246,7 @@ class PolicyWorker:
                 result += "; " + self._check_rollout_weights()
             return result
         # one server, one push (rank 0's): every rank takes part in the gathers
-        named = dict(rollout_weights(actor.model, tied_copies=False))
+        named = dict(rollout_weights(actor.model))
         if self.rank != 0:
             return "rank 0 pushes"
         return self.rollout.load_weights(named)
