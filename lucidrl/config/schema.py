@@ -140,7 +140,7 @@ class VLLMRolloutConfig:
     # CPU vLLM has no sleep mode and the engine runs without it
     enable_sleep_mode: bool = True
     max_model_len: PosInt | None = None  # None: data.max_prompt_length + data.max_response_length
-    enforce_eager: bool = False  # True: no CUDA graphs (less memory, slower decode)
+    enforce_eager: bool = False  # True: no CUDA graphs (less memory, slower decode); always on the CPU
     # GiB of KV cache, fixed (vLLM's kv_cache_memory_bytes). None: on a GPU gpu_memory_utilization
     # decides; on the CPU VLLM_CPU_KVCACHE_SPACE if set, else 1 (vLLM's own CPU default asks for most
     # of the machine's memory and fails when other processes hold some)

@@ -151,6 +151,7 @@ class VLLMRollout:
         if cpu:
             _check_cpu_head_size(model_path, config)
             enable_sleep_mode = False  # vLLM's CPU worker has none (it would only warn at every call)
+            enforce_eager = True  # no graphs to capture on the CPU; compiling instead costs minutes
             if kv_cache_gib is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 kv_cache_gib = 1.0  # vLLM's default asks for most of the machine's memory and fails
         if kv_cache_gib is not None:
