@@ -330,7 +330,10 @@ def test_serve_launches_vllm_with_what_lucidrl_needs():
     assert "-m vllm.entrypoints.openai.api_server --model /m --host 127.0.0.1 --port 8001" in line
     assert "--logprobs-mode processed_logprobs" in line and "--max-model-len 2048" in line
     assert (
-        "--enforce-eager" in argv and env["VLLM_SERVER_DEV_MODE"] == "1" and "VLLM_CPU_KVCACHE_SPACE" in env
+        "--enforce-eager" in argv
+        and "--no-enable-chunked-prefill" in argv
+        and env["VLLM_SERVER_DEV_MODE"] == "1"
+        and "VLLM_CPU_KVCACHE_SPACE" in env
     )
     argv, env = vllm_command("/m", "127.0.0.1", 8001, cpu=False)
     assert "--enforce-eager" not in argv and env == {}

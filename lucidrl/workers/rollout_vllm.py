@@ -65,23 +65,20 @@ def _read_config(model_path: str) -> dict[str, Any]:
         return {}  # vLLM's own loading says what is wrong with the folder
 
 
-def _check_cpu_head_size(model_path: str, config: dict[str, Any]) -> None:
+def _check_cpu_head_size(model_path: str) -> None:
     """vLLM's CPU attention kernels take a few head sizes only, and vLLM checks that at the first
     forward with "Unsupported CPU attention configuration: head_dim=16 isa=2": say it at start."""
-    text = config.get("text_config", config)
-    heads, hidden = text.get("num_attention_heads"), text.get("hidden_size")
-    head_dim = text.get("head_dim") or (hidden // heads if heads and hidden else None)
-    if head_dim is None:
-        return
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
+    from lucidrl.config.engines import model_head_dim
+
+    head_dim = model_head_dim(model_path)
     sizes = CPUAttentionBackend.get_supported_head_sizes()
-    if head_dim not in sizes:
+    if head_dim is not None and head_dim not in sizes:
         raise ModelLoadError(
-            f"model.path={model_path!r} has attention heads of {head_dim} dimensions (hidden_size={hidden} / "
-            f"num_attention_heads={heads}); vLLM's CPU attention takes head sizes {sizes} only. Use "
-            "rollout.name=hf for this model on the CPU, or a model with a supported head size (a tiny "
-            "model: fewer heads, e.g. hidden_size 64 with 2 heads)"
+            f"model.path={model_path!r} has attention heads of {head_dim} dimensions; vLLM's CPU attention "
+            f"takes head sizes {sizes} only. Use rollout.name=hf for this model on the CPU, or a model with "
+            "a supported head size (a tiny model: fewer heads, e.g. hidden_size 64 with 2 heads)"
         )
 
 
@@ -149,9 +146,13 @@ class VLLMRollout:
         self._sampling_cls = sampling_params_cls
         extra: dict[str, Any] = {}
         if cpu:
-            _check_cpu_head_size(model_path, config)
+            _check_cpu_head_size(model_path)
             enable_sleep_mode = False  # vLLM's CPU worker has none (it would only warn at every call)
             enforce_eager = True  # no graphs to capture on the CPU; compiling instead costs minutes
+            # a prompt prefilled in chunks makes vLLM 0.32 rewind the request's seeded generator
+            # (gpu_model_runner._bookkeeping_sync), which CPU generators refuse: "CPU Generator does not
+            # use offset" once a batch's prompts exceed one step's token budget. Whole prefills only
+            extra.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192))
             if kv_cache_gib is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 kv_cache_gib = 1.0  # vLLM's default asks for most of the machine's memory and fails
         if kv_cache_gib is not None:
