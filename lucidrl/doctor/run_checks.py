@@ -21,7 +21,7 @@ def needs_of(cfg: Any) -> tuple[Needs, str]:
     # as the run decides: RAY_ADDRESS (which `ray job submit` sets) joins a cluster as the key does
     joins = cfg.trainer.backend == "ray" and ray_target(cfg.trainer.ray_address)[0] != "local"
     needs = Needs(
-        gpu=any(p.device.startswith("cuda") for p in plans) or cfg.rollout.name == "vllm",
+        gpu=any(p.device.startswith("cuda") for p in plans),
         compile=cfg.actor.use_torch_compile,
         vllm=cfg.rollout.name == "vllm",
         ray=cfg.trainer.backend == "ray",

@@ -29,7 +29,11 @@ def config_warnings(cfg: LucidConfig) -> list[str]:
             "faster than bfloat16 on CPUs without AMX (docs/performance.md); LUCIDRL_CPU_FLOAT32_ATTENTION=0 "
             "keeps it in bfloat16"
         )
-    if cfg.rollout.name == "vllm" and (cfg.model.compute_dtype or cfg.model.dtype) == "float32":
+    if (
+        cfg.rollout.name == "vllm"
+        and cfg.trainer.device.startswith("cuda")
+        and (cfg.model.compute_dtype or cfg.model.dtype) == "float32"
+    ):
         lines.append(
             "rollout.name=vllm in float32 (model.dtype=float32, no model.compute_dtype): vLLM's engine runs "
             "float32 only on slower attention backends; set model.compute_dtype=bfloat16 for it to generate "
