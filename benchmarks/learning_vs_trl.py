@@ -98,7 +98,7 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from lucidrl.data.dataset import _render
+    from lucidrl.data.prompt_format import render_chat
     from lucidrl.rewards.kk import compute_score
 
     rows = pq.read_table(demo / "data" / "unlabelled.parquet").to_pylist()
@@ -109,7 +109,7 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
     # turn opened (7 tokens more, a format the SFT checkpoint never saw); its string path gives the same ids
     dataset = datasets.Dataset.from_list(
         [
-            {"prompt": _render(tok, r["prompt"])[0], "ground_truth": r["reward_model"]["ground_truth"]}
+            {"prompt": render_chat(tok, r["prompt"])[0], "ground_truth": r["reward_model"]["ground_truth"]}
             for r in rows
         ]
     )
