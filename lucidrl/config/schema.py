@@ -222,16 +222,43 @@ class ActorConfig:
     # dropout 0.1: ratios 0.87-1.11 at lr 0). The saved model's config keeps them
     disable_dropout: bool = True
     ppo_epochs: PosInt = 1
+    # a registered policy loss (verl's actor.policy_loss.loss_mode): vanilla, gspo, cispo, reinforce, gpg,
+    # sapo, geo_mean, dppo_tv, dppo_kl, clip_cov, kl_cov, dro, bypass_mode (docs/algorithms/)
     policy_loss: str = "vanilla"
+    # the ratio is clipped below at 1 - clip_ratio_low (dppo_tv / dppo_kl: the divergence threshold where
+    # the advantage is not positive; geo_mean: the log-ratio's lower bound -clip_ratio_low)
     clip_ratio_low: Annotated[float, Range("[0, 10)")] = 0.2
+    # the ratio is clipped above at 1 + clip_ratio_high (dppo_*: the threshold where the advantage is
+    # positive; geo_mean: the log-ratio's upper bound)
     clip_ratio_high: Annotated[float, Range("[0, 10)")] = 0.2
-    # dual-clip bound for negative advantages
+    # dual-clip bound for negative advantages (dppo_*: the importance ratio's truncation)
     clip_ratio_c: Annotated[float, Range("> 1", "the dual-clip bound, usually 3")] = 3.0
+    # token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (algos/aggregation.py)
     loss_agg_mode: str = "token-mean"
+    # seq-mean-token-sum-norm's divisor (verl's key); None: data.max_response_length, constant across steps
+    # (verl's None is the micro-batch's padded width). Read only with that mode
+    loss_scale_factor: Annotated[int, Range(">= 1", "the divisor of each sequence's token sum")] | None = None
     entropy_coeff: Annotated[float, Range("any", "> 0 rewards entropy, < 0 penalises it")] = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: NonNegFloat = 0.001
+    # k1/kl, abs, k2/mse, k3/low_var_kl, or one of them with "+" (its value, k2's gradient: k3+, ...)
     kl_loss_type: str = "low_var_kl"
+    # policy_loss=sapo: the gate's temperature where the advantage is positive (verl's key and default)
+    tau_pos: Annotated[float, Range("> 0", "the sapo gate's temperature")] = 1.0
+    # policy_loss=sapo: the gate's temperature elsewhere; larger damps negative-advantage updates more
+    tau_neg: Annotated[float, Range("> 0", "the sapo gate's temperature")] = 1.05
+    # policy_loss=clip_cov (verl's actor.policy_loss.clip_cov_ratio): the share of tokens whose gradient
+    # is cut off, at most (at least one token)
+    clip_cov_ratio: Annotated[float, Range("(0, 1]", "a share of the tokens")] = 0.0002
+    # policy_loss=clip_cov: the cut tokens are drawn from those whose covariance of advantage and
+    # log-prob is above this lower bound...
+    clip_cov_lb: Annotated[float, Range("any")] = 1.0
+    clip_cov_ub: Annotated[float, Range("any")] = 5.0  # ...and below this upper bound (policy_loss=clip_cov)
+    # policy_loss=kl_cov: the share of tokens (those of highest covariance) that get the KL penalty
+    kl_cov_ratio: Annotated[float, Range("(0, 1]", "a share of the tokens")] = 0.0002
+    ppo_kl_coef: NonNegFloat = 0.1  # policy_loss=kl_cov: the coefficient of that |log-ratio| penalty
+    # policy_loss=dro: the quadratic log-ratio penalty's strength (required with it; verl has no default)
+    dro_beta: PosFloat | None = None
 
 
 @dataclass
@@ -257,15 +284,49 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Importance weights and rejection between the rollout engine's log-probs and the actor's (verl
+    0.9.1's algorithm.rollout_correction, same keys and defaults; docs/algorithms/rollout_correction.md).
+    Any of rollout_is, rollout_rs or bypass_mode on needs the engine's log-probs (sampled rollouts)."""
+
+    # importance weights: null (none), token (per token), sequence (the product over the response)
+    rollout_is: Literal["token", "sequence"] | None = None
+    # the weights' bounds: a number u truncates them at u (TIS); "lower_upper" (e.g. "0.5_5.0") sets them
+    # to 0 outside [lower, upper] (IcePop)
+    rollout_is_threshold: Annotated[float, Range("> 0", "the weights' upper bound")] | str = 2.0
+    rollout_is_batch_normalize: bool = False  # rescale the weights to mean 1 over the batch
+    # rejection: null, or comma-separated options of token_k1/k2/k3, seq_sum_k1/k2/k3, seq_mean_k1/k2/k3,
+    # seq_max_k2/k3 (a divergence of log(pi_actor / pi_rollout) per token or per sequence); every option
+    # must pass for a token to stay in the loss
+    rollout_rs: str | None = None
+    # one threshold per rollout_rs option (comma-separated) or one for all: k1 options take "lower_upper"
+    # ratio bounds or an upper bound u (meaning [1/u, u]); k2/k3 options an upper bound
+    rollout_rs_threshold: Annotated[float, Range("> 0", "a divergence bound")] | str | None = None
+    # true: the rollout engine's log-probs are the old log-probs (no old-log-prob pass; two policies);
+    # false: the actor recomputes them and the weights correct the engine's gap (three policies)
+    bypass_mode: bool = False
+    # with actor.policy_loss=bypass_mode: ppo_clip (the ratio to the rollout policy, clipped) or reinforce
+    # (importance-weighted policy gradient)
+    loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # False: Dr.GRPO
     gamma: Annotated[float, Range("[0, 1]")] = 1.0  # discount (gae, reinforce_plus_plus)
     lam: Annotated[float, Range("[0, 1]")] = 1.0  # GAE lambda
     use_kl_in_reward: bool = False  # KL to the reference as a per-token reward penalty
-    kl_penalty: str = "kl"  # estimator of the in-reward KL: kl/k1, abs, mse/k2, low_var_kl/k3
+    # estimator of the in-reward KL: kl/k1, abs, mse/k2, low_var_kl/k3 ("+" kinds give the same values here)
+    kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    # adv_estimator=gdpo: the reward components normalised one by one (verl's keys): names of values the
+    # reward function returns in its dict ("score" is the score itself); empty: the score alone
+    gdpo_reward_keys: list[str] = field(default_factory=list)
+    # adv_estimator=gdpo: one weight per gdpo_reward_keys entry (one for the score alone); null: 1 each
+    gdpo_reward_weights: list[Annotated[float, Range("any", "a component's weight")]] | None = None
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass

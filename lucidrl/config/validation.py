@@ -12,6 +12,7 @@ import re
 import types
 from typing import Any, Union, get_args, get_origin
 
+from lucidrl.config.algorithm_checks import validate_algorithm
 from lucidrl.config.errors import ConfigError
 from lucidrl.config.fields import field_hints, range_error, split_ranges
 from lucidrl.config.placement import plan_groups
@@ -302,7 +303,7 @@ def _validate_rl(cfg: LucidConfig) -> None:
                     "lower one to 0.01, and refuses a higher one); use a value in that range, or rollout.name=hf"
                 )
     alg = cfg.algorithm
-    if alg.adv_estimator in GROUP_ESTIMATORS and r.n < 2:
+    if alg.adv_estimator in NEEDS_GROUPS and r.n < 2:
         raise ConfigError(
             f"algorithm.adv_estimator={alg.adv_estimator} compares samples of one prompt, so rollout.n must be "
             f">= 2 (got {r.n})"
@@ -358,6 +359,7 @@ def _validate_rl(cfg: LucidConfig) -> None:
     _validate_rollout_engine(cfg)
     _check_loggers(cfg.trainer.logger)
     _validate_names(cfg)
+    validate_algorithm(cfg)
     plan_groups(cfg)
 
 
@@ -394,8 +396,14 @@ def _validate_rollout_engine(cfg: LucidConfig) -> None:
             )
 
 
-# estimators whose baseline comes from the other samples of the same prompt
-GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "reinforce_plus_plus_baseline")
+# estimators whose baseline comes from the other samples of the same prompt (a tied group gets none)
+GROUP_ESTIMATORS = (
+    "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "grpo_passk", "reinforce_plus_plus_baseline",
+    "gpg",
+)  # fmt: skip
+# estimators that compare samples of a prompt, so rollout.n >= 2 (gdpo's components and the token
+# baselines' per-position returns can still differ within a group whose scores tie)
+NEEDS_GROUPS = GROUP_ESTIMATORS + ("gdpo", "optimal_token_baseline", "tir_optimal_token_baseline")
 
 
 def _validate_names(cfg: LucidConfig) -> None:

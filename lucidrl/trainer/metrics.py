@@ -55,8 +55,9 @@ def groups_tied_at_best(groups: dict[Any, list[float]]) -> float:
     return sum(set(v) == {best} for v in groups.values()) / len(groups)
 
 
-def step_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
-    """Scores, rewards, advantages, values, lengths and reward-function extras of one training batch."""
+def step_metrics(batch: Batch, max_response_length: int, compare_rollout: bool = True) -> dict[str, float]:
+    """Scores, rewards, advantages, values, lengths and reward-function extras of one training batch;
+    with `compare_rollout`, the gap between the engine's and the actor's old log-probs."""
     mask = batch["response_mask"].bool()
     resp_len = mask.sum(-1)
     prompt_len = batch["prompt_mask"].sum(-1)
@@ -84,7 +85,7 @@ def step_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     for key in batch.keys():
         if key.startswith("reward_extra:"):
             out[f"reward/{key.split(':', 1)[1]}/mean"] = nanmean(batch[key].tolist())
-    if "rollout_log_probs" in batch and "old_log_probs" in batch:
+    if compare_rollout and "rollout_log_probs" in batch and "old_log_probs" in batch:
         # sampling vs training log-probs of the same weights: ~1e-6 in float32; growth means a mismatch
         diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
         out["rollout/logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -11,13 +10,21 @@ from pathlib import Path
 import torch
 from rich.markup import escape
 
-from lucidrl.algos import apply_kl_penalty, get_advantage_estimator, make_kl_controller
+from lucidrl.algos import make_kl_controller
 from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig, to_dict
+from lucidrl.config.algorithm_checks import rollout_correction_active
 from lucidrl.controller.dispatch import mini_batch_order
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
 from lucidrl.trainer import checkpoint, setup
+from lucidrl.trainer.advantage import (
+    apply_reward_kl,
+    compute_advantage,
+    correct_rollout,
+    estimator_needs,
+    rollout_log_probs,
+)
 from lucidrl.trainer.collapse import CollapseMonitor, CollapseReport
 from lucidrl.trainer.collapse_guard import CollapseGuard
 from lucidrl.trainer.collect import BatchCollector
@@ -27,45 +34,6 @@ from lucidrl.trainer.tracking import Tracker
 from lucidrl.trainer.validation import validate
 
 log = logging.getLogger(__name__)
-
-
-def compute_advantage(batch: Batch, cfg: LucidConfig) -> Batch:
-    """Call the configured estimator with the inputs its signature asks for."""
-    estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
-    alg = cfg.algorithm
-    available = {
-        "token_level_rewards": batch["token_level_rewards"],
-        "response_mask": batch["response_mask"],
-        "index": batch["uid"],
-        "norm_adv_by_std_in_grpo": alg.norm_adv_by_std_in_grpo,
-        "gamma": alg.gamma,
-        "lam": alg.lam,
-    }
-    for key in ("values", "reward_baselines"):
-        if key in batch:
-            available[key] = batch[key]
-    wanted = inspect.signature(estimator).parameters
-    missing = [k for k, p in wanted.items() if p.default is p.empty and k not in available]
-    if missing:
-        raise ValueError(
-            f"advantage estimator '{alg.adv_estimator}' needs {missing}, which this run does not compute"
-        )
-    advantages, returns = estimator(**{k: v for k, v in available.items() if k in wanted})
-    return Batch(tensors={"advantages": advantages, "returns": returns})
-
-
-def apply_reward_kl(batch: Batch, controller, kind: str) -> tuple[Batch, dict[str, float]]:
-    """token_level_rewards = scores − β·KL(actor ‖ reference) per token; the controller adapts β."""
-    rewards, metrics = apply_kl_penalty(
-        batch["token_level_scores"],
-        batch["old_log_probs"],
-        batch["ref_log_probs"],
-        batch["response_mask"],
-        controller.value,
-        kind,
-    )
-    controller.update(metrics["actor/reward_kl_penalty"], n_steps=len(batch))
-    return Batch(tensors={"token_level_rewards": rewards}), metrics
 
 
 class PPOTrainer:
@@ -114,7 +82,12 @@ class PPOTrainer:
             and a.ppo_mini_batch_size == cfg.data.train_batch_size
             and not cfg.algorithm.use_kl_in_reward
             and a.disable_dropout
+            # these read the old log-probs before the update: the pass must run
+            and not rollout_correction_active(cfg)
+            and not estimator_needs(cfg, "old_log_probs")
         )
+        # algorithm.rollout_correction.bypass_mode: the engine's log-probs are the old ones, no pass
+        self.bypass = cfg.algorithm.rollout_correction.bypass_mode
         self.global_step = 0
         self.batches_drawn = 0  # batches taken from the loader's epochs so far (a resume skips them)
         self.data_epoch = 0  # the epoch of the data the last prompt batch came from
@@ -149,6 +122,17 @@ class PPOTrainer:
             f"KL in reward {'on (' + cfg.algorithm.kl_penalty + ')' if cfg.algorithm.use_kl_in_reward else 'off'}, "
             f"critic {'on' if self.workers.critic is not None else 'off'}",
         ]
+        rc = cfg.algorithm.rollout_correction
+        if rollout_correction_active(cfg):
+            lines.append(
+                f"rollout correction: importance weights {rc.rollout_is or 'off'}, rejection {rc.rollout_rs or 'off'} "
+                "between the rollout engine's log-probs and the actor's (the old-log-prob pass runs every step)"
+            )
+        if rc.bypass_mode:
+            lines.append(
+                "rollout correction in bypass mode: the rollout engine's log-probs are the old log-probs (no "
+                f"old-log-prob pass), policy loss {cfg.actor.policy_loss}"
+            )
         if self.workers.ray_cluster:
             lines.append(f"workers: Ray actors on {self.workers.ray_cluster}")
         lines += config_warnings(cfg)
@@ -196,8 +180,12 @@ class PPOTrainer:
             debug_hop("rollout + reward -> trainer", batch)
             updates_actor = self.global_step > cfg.critic.warmup_steps
             # on-policy the update takes them from its own forward; while the critic warms up no update
-            # runs, and the pass still reports the rollout gap
-            if not (self.on_policy and updates_actor):
+            # runs, and the pass still reports the rollout gap. Bypass mode takes the engine's
+            if self.bypass:
+                batch.set(
+                    "old_log_probs", rollout_log_probs(batch, "algorithm.rollout_correction.bypass_mode")
+                )
+            elif not (self.on_policy and updates_actor):
                 with timer("old_log_prob", t):
                     batch.update(w.actor.compute_log_prob(batch))
             if w.reference is not None:
@@ -213,6 +201,10 @@ class PPOTrainer:
                     metrics.update(kl_metrics)
                 else:
                     batch.set("token_level_rewards", batch["token_level_scores"])
+                if rollout_correction_active(cfg):  # importance weights, rejection: before the estimator
+                    corrected, corr_metrics = correct_rollout(batch, cfg)
+                    batch.update(corrected)
+                    metrics.update(corr_metrics)
                 batch.update(compute_advantage(batch, cfg))
             debug_hop("trainer -> critic/actor update", batch)
             if w.critic is not None:
@@ -225,7 +217,8 @@ class PPOTrainer:
                     metrics.update(w.actor.update_actor(ordered))
                 with timer("sync_weights", t):
                     w.actor.sync_rollout()
-        metrics.update(step_metrics(batch, cfg.data.max_response_length))
+        # in bypass mode the old log-probs are the engine's: no actor pass to compare them with
+        metrics.update(step_metrics(batch, cfg.data.max_response_length, compare_rollout=not self.bypass))
         metrics.update(timing_metrics(t, batch))
         metrics["training/epoch"] = float(self.data_epoch)  # of the last prompt batch drawn, from 0
         return metrics

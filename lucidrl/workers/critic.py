@@ -15,7 +15,7 @@ from lucidrl.config.schema import CriticConfig
 from lucidrl.models.loading import ModelLoadError
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import sequence_inputs
-from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows, token_shares
+from lucidrl.workers.micro_batches import loss_mask, loss_weights, micro_batches, scatter_rows, token_shares
 from lucidrl.workers.optim import build_optimizer
 from lucidrl.workers.rank_metrics import RankMetrics
 from lucidrl.workers.update_loop import run_update, update_metrics
@@ -123,7 +123,8 @@ class CriticWorker:
             for ub, weight, share in zip(ubs, weights, shares, strict=True):
                 with compute_context(self.model, self.compute_dtype):
                     vpreds = response_values(self.model, ub)
-                returns, values, mask = ub["returns"], ub["values"], ub["response_mask"]
+                # rollout correction's rejected tokens count for the critic neither (as verl's mask)
+                returns, values, mask = ub["returns"], ub["values"], loss_mask(ub)
                 if self.norm_width is not None:
                     vpreds, returns, values, mask = pad_response_width(
                         self.norm_width, vpreds, returns, values, mask

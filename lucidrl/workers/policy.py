@@ -17,10 +17,12 @@ import copy
 import logging
 import random
 import sys
+from inspect import signature
 from pathlib import Path
 
 import torch
 
+from lucidrl.algos import get_advantage_estimator
 from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig
 from lucidrl.diagnostics.debug import debug_enabled
@@ -118,6 +120,10 @@ class PolicyWorker:
                 world_size=self.world_size,
                 compute_dtype=compute,
                 response_length=cfg.data.max_response_length,
+                rollout_correction=cfg.algorithm.rollout_correction,
+                # the optimal token baselines weigh tokens by sum_v pi(v)^2 from the old-log-prob pass
+                sum_pi_squared="sum_pi_squared"
+                in signature(get_advantage_estimator(cfg.algorithm.adv_estimator)).parameters,
             )
             if not isinstance(self.rollout, HFRollout):
                 self._push_rollout_weights()  # the engine must generate with the actor's weights
