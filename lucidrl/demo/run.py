@@ -17,7 +17,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
@@ -30,67 +30,11 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 
 from lucidrl.config import config_from_dict
+from lucidrl.demo.plan import DemoPlan, SeedResult
+from lucidrl.demo.report import draw_curves, results_table, verdict
 from lucidrl.diagnostics.errors import UsageError
-
-# the demo's claim: held-out greedy accuracy at least this many points above the base model's, in every
-# one of at least MIN_SEEDS distinct seeds
-GOAL_POINTS, MIN_SEEDS = 20, 3
-
-
-@dataclass
-class DemoPlan:
-    """What one seed of the demo does. Budgets are steps; the defaults are `make demo`'s."""
-
-    model_name: str = "smollm2-135m-instruct"  # what `lucidrl model get` installs when no --model is given
-    task: str = "arithmetic"  # a generator of `lucidrl data` with an exact rule reward
-    n_train: int = 2000
-    n_val: int = 200
-    steps: int = 40
-    prompts: int = 16  # prompts per step
-    n: int = 8  # samples per prompt (GRPO's group)
-    max_new_tokens: int = 64
-    lr: float = 2e-5
-    warmup_steps: int = 3
-    kl_coef: float = 0.0  # 0: no reference model, no KL (the verifier alone)
-    lora_rank: int = 0  # 0: every weight trains
-    compute_dtype: str | None = "bfloat16"  # bf16 compute over float32 master weights
-    eval_every: int = 10
-    temperature: float = 1.0
-    device: str = "cpu"  # trainer.device (the demo runs on the CPU; benchmarks/demo_sweep.py may use cuda)
-
-    def __post_init__(self) -> None:
-        for key in ("n_train", "n_val", "steps", "prompts", "n", "max_new_tokens", "eval_every"):
-            if getattr(self, key) < 1:
-                raise UsageError(
-                    f"lucidrl demo: {key.replace('_', '-')} must be >= 1, got {getattr(self, key)}"
-                )
-        if self.n < 2:
-            raise UsageError(f"lucidrl demo: GRPO compares a prompt's samples: n must be >= 2, got {self.n}")
-        if self.n_train < self.prompts:
-            raise UsageError(
-                f"lucidrl demo: {self.n_train} training problems cannot fill one step of {self.prompts} prompts"
-            )
-
-
-@dataclass
-class SeedResult:
-    seed: int
-    base_acc: float | None = None  # held-out greedy accuracy of the model before training
-    final_acc: float | None = None  # ... after the last step
-    steps: int = 0
-    seconds: float = 0.0  # the seed's wall time: training and its evaluations
-    # [{"step", "acc"}] held-out greedy accuracy along the run (step 0: the base); [{"step", "score"}]
-    curve: list[dict] = field(default_factory=list)
-    reward: list[dict] = field(default_factory=list)
-    collapse: str | None = None
-
-
-def points(acc: float) -> int:
-    """An accuracy as whole points: n / n_val compared in integers (0.75 - 0.55 >= 0.20 is False in floats)."""
-    return round(100 * acc)
 
 
 def grpo_config(model: str, files: dict[str, str], run_dir: Path, plan: DemoPlan, seed: int) -> dict:
@@ -165,74 +109,11 @@ def run_seed(
     return res
 
 
-def verdict(results: list[SeedResult]) -> dict:
-    """The goal, seed by seed: held-out greedy accuracy >= GOAL_POINTS above the base in every seed."""
-    per_seed = [
-        {"seed": r.seed, "gain_points": points(r.final_acc) - points(r.base_acc)}
-        for r in results
-        if r.final_acc is not None and r.base_acc is not None
-    ]
-    seeds = len({r.seed for r in results})
-    wins = sum(s["gain_points"] >= GOAL_POINTS for s in per_seed)
-    return {
-        "goal": f">= {GOAL_POINTS} points of held-out greedy accuracy over the base model, in {MIN_SEEDS} of "
-        f"{MIN_SEEDS} distinct seeds",
-        "seeds": seeds,
-        "wins": wins,
-        "met": seeds >= MIN_SEEDS and wins == len(results),
-        "per_seed": per_seed,
-    }
-
-
-def results_table(results: list[SeedResult]) -> Table:
-    table = Table(title="held-out greedy accuracy (problems no run trained on)")
-    for name in ("seed", "base", "after GRPO", "gain", "steps", "time"):
-        table.add_column(name, justify="right")
-    for r in results:
-        gain = points(r.final_acc) - points(r.base_acc) if None not in (r.final_acc, r.base_acc) else None
-        table.add_row(
-            str(r.seed),
-            f"{r.base_acc:.2f}" if r.base_acc is not None else "-",
-            f"{r.final_acc:.2f}" if r.final_acc is not None else "-",
-            f"{gain:+d}" if gain is not None else "-",
-            str(r.steps),
-            f"{r.seconds:.0f} s",
-        )
-    return table
-
-
-def draw_curves(results: list[SeedResult], path: Path) -> str | None:
-    """demo_curves.png: training reward and held-out accuracy against steps, a line per seed. Returns why
-    not, when matplotlib is missing (the `report` extra)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'lucidrl[report]')"
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for r in results:
-        left.plot([p["step"] for p in r.reward], [p["score"] for p in r.reward], label=f"seed {r.seed}")
-        right.plot(
-            [p["step"] for p in r.curve], [p["acc"] for p in r.curve], marker="o", label=f"seed {r.seed}"
-        )
-    left.set(title="training reward (mean verifier score)", xlabel="GRPO step", ylabel="score")
-    right.set(title="held-out greedy accuracy", xlabel="GRPO step", ylabel="accuracy", ylim=(0, 1))
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
-
-
 def run_demo(
     out: Path, seeds: list[int], plan: DemoPlan | None = None, model: str | None = None
 ) -> list[SeedResult]:
     """Set up the model and data once, then one GRPO run per seed; print the table and the verdict."""
-    from lucidrl.demo_setup import ensure_data, ensure_model
+    from lucidrl.demo.setup import ensure_data, ensure_model
 
     plan = plan or DemoPlan()
     if len(set(seeds)) != len(seeds):
