@@ -217,3 +217,27 @@ def align_widths(batches: list[Batch], pad_token_id: int | None) -> list[Batch]:
             tensors[k] = torch.cat([pad, v] if k in LEFT_PADDED else [v, pad], dim=1)
         out.append(Batch(tensors, dict(b.non_tensors), dict(b.meta)))
     return out
+
+
+# Multi-turn rollouts put tokens the model did not generate (tool results, environment replies) inside a
+# response: they are attended to but out of the loss. `response_mask` is then the loss mask, with gaps,
+# and `response_attention_mask` (bs, R) marks every real response token. Single-turn rollouts have no
+# such field: there the two masks are one.
+RESPONSE_ATTENTION = "response_attention_mask"
+
+
+def response_attention(batch: Batch) -> torch.Tensor:
+    """(bs, R) 1 for every real response token, the model's and the tools' alike; 0 for padding."""
+    return batch[RESPONSE_ATTENTION] if RESPONSE_ATTENTION in batch else batch["response_mask"]
+
+
+def response_lengths(batch: Batch) -> torch.Tensor:
+    """(bs,) tokens of each response, gaps in the loss mask included (real tokens start at column 0)."""
+    return response_attention(batch).sum(-1)
+
+
+def last_loss_index(response_mask: torch.Tensor) -> torch.Tensor:
+    """(bs,) the column of each row's last token in the loss mask (bs, R), where an outcome reward sits;
+    0 for a row without any. With gaps in the mask this is not `mask.sum(-1) - 1`."""
+    cols = torch.arange(response_mask.shape[1], device=response_mask.device)
+    return (cols * (response_mask > 0)).max(dim=-1).values

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, last_loss_index
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.rewards.custom import CustomFunctionError, load_custom_function, normalize_reward_output
 from lucidrl.rewards.registry import default_compute_score
@@ -56,7 +56,11 @@ class RuleRewardManager:
         return cls(tokenizer)
 
     def decode_responses(self, batch: Batch) -> list[str]:
-        """The assistant's text per sample: the pre-filled prefix plus the generated tokens."""
+        """The assistant's text per sample: the pre-filled prefix plus the generated tokens. A multi-turn
+        rollout gives it as `solution_text`: the assistant's turns alone, so that a tool's output cannot
+        stand in for the model's answer (the whole conversation is in extra_info)."""
+        if "solution_text" in batch:
+            return list(batch["solution_text"])
         texts = []
         for i, (ids, mask) in enumerate(zip(batch["responses"], batch["response_mask"], strict=True)):
             text = self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
@@ -68,6 +72,7 @@ class RuleRewardManager:
         texts = self.decode_responses(batch)
         mask = batch["response_mask"]
         scores = torch.zeros(mask.shape, dtype=torch.float32)
+        last_tokens = last_loss_index(mask).tolist()  # the model's last token (a gap may follow it)
         extras: dict[str, list[float]] = {}
         for i, text in enumerate(texts):
             ds = batch["data_source"][i]
@@ -96,8 +101,7 @@ class RuleRewardManager:
                     ds,
                 )
             self.text_extras |= text
-            last = int(mask[i].sum().item()) - 1
-            scores[i, max(last, 0)] = value
+            scores[i, last_tokens[i]] = value
             for k, v in extra.items():
                 extras.setdefault(k, [float("nan")] * len(texts))[i] = v
         out = Batch(tensors={"token_level_scores": scores})

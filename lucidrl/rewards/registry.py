@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from lucidrl.diagnostics.errors import UserError
-from lucidrl.rewards import countdown, gsm8k, kk, math, math_dapo
+from lucidrl.rewards import arithmetic, countdown, gsm8k, guess_number, kk, math, math_dapo
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,6 +37,8 @@ REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "math_dapo": math_dapo.compute_score,
     "math_dapo_reasoning": math_dapo.compute_score,
     "countdown": countdown.compute_score,  # TinyZero's
+    "arithmetic": arithmetic.compute_score,  # lucidrl data arithmetic (the calculator example)
+    "guess_number": guess_number.compute_score,  # the guess_number environment's game
 }
 
 

@@ -142,6 +142,10 @@ def load_data(cfg: LucidConfig, tokenizer) -> tuple[list[PromptSample], list[Pro
             filter_overlong=d.filter_overlong_prompts,
             what="data.val_files",
         )
+    if cfg.rollout.multi_turn.enable:  # rows' tools and environments, and prompt lengths with the tools
+        from lucidrl.workers.agent.rows import check_rows
+
+        check_rows(train + val, tokenizer, cfg.rollout.multi_turn, d.max_prompt_length)
     return train, val, report
 
 
