@@ -438,3 +438,57 @@ def test_turn_by_turn_tokens_with_smollm2s_own_tokenizer():
     ours = out["prompts"][0].tolist() + out["responses"][0][out["response_attention_mask"][0].bool()].tolist()
     assert whole[: len(ours)] == ours and tok.decode(whole[len(ours) :]) == "\n"
     assert out["multi_turn:turns"][0] == 3 and out["multi_turn:retokenized_differently"][0] == 0
+
+
+def test_the_vllm_engine_plugs_in_through_its_token_id_generate(tiny_tokenizer):
+    """MultiTurnRollout over VLLMRollout, against a stand-in for vllm.LLM that answers by the script."""
+    import types
+
+    from lucidrl.workers.rollout_vllm import VLLMRollout
+
+    tok = tiny_tokenizer
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    requests = []
+
+    class ScriptedLLM:
+        def __init__(self, **kwargs):
+            pass
+
+        def reset_prefix_cache(self):
+            pass
+
+        def generate(self, prompts, sampling_params, use_tqdm):
+            outs = []
+            for p, sp in zip(prompts, sampling_params, strict=True):
+                requests.append((len(p["prompt_token_ids"]), sp.n, sp.stop_token_ids))
+                context = tok.decode(p["prompt_token_ids"], skip_special_tokens=False)
+                turn = context.count("<|im_start|>assistant") - 1
+                tokens = tok(_two_calls_then_answer(context, turn), add_special_tokens=False)["input_ids"] + [
+                    end
+                ]
+                lps = [{t: types.SimpleNamespace(logprob=-0.25)} for t in tokens]
+                outs.append(
+                    types.SimpleNamespace(
+                        outputs=[types.SimpleNamespace(token_ids=tokens, logprobs=lps)] * sp.n
+                    )
+                )
+            return outs
+
+    engine = VLLMRollout(
+        "unused", tok, eos_ids=[end], dtype="float32", gpu_memory_utilization=0.5, max_model_len=4096,
+        enable_sleep_mode=False, llm_factory=ScriptedLLM, sampling_params_cls=lambda **kw: types.SimpleNamespace(**kw),
+    )  # fmt: skip
+    engine.weights_pushed = True  # the stand-in has no weights to push
+    cfg = MultiTurnConfig(enable=True, tools=["calculator"])
+    mt = MultiTurnRollout(engine, tok, cfg, eos_ids=[end], max_prompt_length=2048, max_response_length=1000)
+    out = mt.generate(prompt_batch([QUESTION, QUESTION]), SamplingParams(n=2, max_new_tokens=1000))
+    assert (
+        out["multi_turn:turns"].tolist() == [3.0] * 4 and out["multi_turn:valid_calls"].tolist() == [3.0] * 4
+    )
+    assert [r[1] for r in requests[:2]] == [2, 2] and all(
+        r[1] == 1 for r in requests[2:]
+    )  # n, then per sample
+    assert all(r[2] == [end] for r in requests) and len(requests) == 2 + 4 + 4
+    lp = out["rollout_log_probs"]
+    assert torch.equal(lp != 0, out["response_mask"].bool()) and bool((lp[lp != 0] == -0.25).all())
+    assert out["solution_text"][0].endswith("The answer is 56095.")

@@ -165,7 +165,8 @@ def test_spinning_is_killed_at_the_cpu_limit():
     assert r.killed == "CPU-time limit of 1 s"
 
 
-def test_signalling_another_process_is_refused():
+@pytest.mark.parametrize("layer_set", list(LAYERS))
+def test_signalling_another_process_is_refused(layer_set):
     victim = subprocess.Popen(["sleep", "30"])
     try:
         r = _run(
@@ -177,7 +178,7 @@ def test_signalling_another_process_is_refused():
             except OSError as e:
                 print("refused:", type(e).__name__)
             """,
-            "kernel",
+            layer_set,
         )
         assert "KILLED" not in r.stdout and victim.poll() is None
     finally:

@@ -177,7 +177,9 @@ class MultiTurnConfig:
     # an interactive environment: guess_number (built in), `package.module:Class` or `path/file.py:Class`;
     # a row's extra_info.interaction_kwargs.name (verl's shape) picks another one by name
     environment: str | None = None
-    tool_timeout_s: Seconds = 60.0  # a call that has not answered by then is answered with an error
+    # a call that has not answered this long after its turn's calls started is answered with an error
+    # (its thread runs on: threads cannot be stopped; the python tool has its own limits)
+    tool_timeout_s: Seconds = 60.0
     # threads running tool calls and environment steps across the batch (one slow call holds no other)
     max_workers: PosInt = 16
     python: PythonToolConfig = field(default_factory=PythonToolConfig)

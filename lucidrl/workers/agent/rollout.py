@@ -125,7 +125,7 @@ class MultiTurnRollout:
     def generate(self, batch: Batch, params: Any) -> Batch:
         """Each prompt's n conversations (interleaved), in the layout of trajectory.to_batch."""
         expanded = batch.repeat(params.n, interleave=True) if params.n > 1 else batch
-        trajectories = [self._start(expanded, i) for i in range(len(expanded))]
+        trajectories = [self._start(expanded, i, i % params.n) for i in range(len(expanded))]
         shared = self._groups_share_prompts(trajectories, params.n)
         for turn in range(self.cfg.max_turns):
             going = [t for t in trajectories if not t.done]
@@ -137,7 +137,8 @@ class MultiTurnRollout:
             self._finish(t)
         return to_batch(trajectories, expanded, self.pad_id, with_log_probs=params.do_sample)
 
-    def _start(self, batch: Batch, i: int) -> Trajectory:
+    def _start(self, batch: Batch, i: int, sample: int) -> Trajectory:
+        """Sample `sample` of the prompt at row `i` of the expanded batch: its tools, environment, prompt."""
         uid = batch["uid"][i] if "uid" in batch else str(i)
         info = (batch["extra_info"][i] if "extra_info" in batch else None) or {}
         source = batch["data_source"][i] if "data_source" in batch else "?"
@@ -158,14 +159,14 @@ class MultiTurnRollout:
         env = env_cls() if env_cls is not None else None
         messages = [dict(m) for m in batch["raw_prompt"][i]]
         if env is not None:
-            sample = {
+            row = {
                 "prompt": messages,
                 "data_source": source,
                 "ground_truth": batch["ground_truth"][i] if "ground_truth" in batch else None,
                 "extra_info": info,
                 "interaction_kwargs": interaction,
             }
-            messages = _checked_messages(self._call_env(env.reset, sample, where, "reset"), where, "reset")
+            messages = _checked_messages(self._call_env(env.reset, row, where, "reset"), where, "reset")
         messages = self.chat.opening(messages, schemas)
         prefill = None
         if messages and messages[-1].get("role") == "assistant":
@@ -179,6 +180,7 @@ class MultiTurnRollout:
             )
         return Trajectory(
             uid=str(uid),
+            sample=sample,
             tools=tools,
             schemas=schemas,
             env=env,
@@ -220,7 +222,8 @@ class MultiTurnRollout:
             sub_params = replace(params, max_new_tokens=max_new)
         else:
             contexts = [t.prompt_ids + t.response_ids for t, _ in rows]
-            uids = [f"{t.uid}/{k}/turn{turn}" for k, (t, _) in enumerate(rows)]
+            # seeds (rollout.deterministic) per sample and turn, whatever else is still going
+            uids = [f"{t.uid}/{t.sample}/turn{turn}" for t, _ in rows]
             sub_params = replace(params, n=1, max_new_tokens=max_new)
         out = self.engine.generate(_prompt_batch(contexts, uids, self.pad_id), sub_params)
         if len(out) != len(rows):

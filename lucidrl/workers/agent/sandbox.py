@@ -11,7 +11,7 @@ environment, and a process that confines itself before reading the code (sandbox
 | pid namespace | processes left behind: when the call ends, everything it started ends | unprivileged user namespaces |
 | landlock | writes outside its directory; TCP; signals to and abstract unix sockets of other processes | Linux >= 5.13 with landlock on |
 | seccomp | new processes (fork, vfork, clone without CLONE_THREAD) and non-unix sockets | x86_64 or aarch64 |
-| audit hook | the same at the Python level, where landlock or seccomp is missing | nothing; not a boundary (native code and ctypes get past such hooks, so it also refuses ctypes) |
+| audit hook | the same at the Python level (writes, processes, sockets, signals), where a kernel layer is missing | nothing; not a boundary (native code and ctypes get past such hooks, so it also refuses ctypes) |
 
 What it does not stop: reading files the trainer's user may read (reads are not restricted, so keep
 secrets out of reach of the training user), using the CPU time and memory it is allowed, threads,

@@ -167,7 +167,7 @@ def _seccomp() -> str:
 
 def _audit_hook(workdir: str, block: set[str]) -> None:
     """Python-level refusals for what the missing kernel layers would have refused ("files": writes
-    outside `workdir`; "processes"; "network"). Not a boundary: native code is not seen by it, which
+    outside `workdir`; "processes"; "network"; "signals" to other processes). Not a boundary: native code is not seen by it, which
     is why it refuses ctypes too."""
     root = os.path.realpath(workdir)
     writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -185,6 +185,13 @@ def _audit_hook(workdir: str, block: set[str]) -> None:
             "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system", "subprocess.Popen",
         ):  # fmt: skip
             raise PermissionError(f"the sandbox refuses new processes ({event})")
+        if (
+            "signals" in block
+            and event in ("os.kill", "os.killpg")
+            and args
+            and args[0] not in (0, os.getpid())
+        ):
+            raise PermissionError(f"the sandbox signals no other process ({event} {args[0]})")
         if "network" in block and event in (
             "socket.__new__",
             "socket.connect",
@@ -236,6 +243,9 @@ def _confine_and_run(settings: dict, report_fd: int) -> None:
         except OSError as e:
             missing[name] = e.strerror or str(e)
             block.update(covers)
+    # other processes' signals: out of reach in a pid namespace, or refused by landlock's scope (ABI 6)
+    if "pidns" not in settings["namespaces"] and not any("+signals" in a for a in applied):
+        block.add("signals")
     if block:
         _audit_hook(workdir, block)
         applied.append(f"audit hook ({', '.join(sorted(block))})")

@@ -47,7 +47,8 @@ STATS = (
 class Trajectory:
     """A sample being generated: its prompt, the segments after it, the messages they render."""
 
-    uid: str
+    uid: str  # the prompt's (its n samples share it)
+    sample: int  # which of them
     tools: dict[str, tuple[Tool, dict[str, Any]]]  # name -> (tool, the row's hidden arguments)
     schemas: list[dict[str, Any]]
     env: Any | None
