@@ -211,3 +211,35 @@ def test_arithmetic_rows_carry_the_calculator_and_score_the_final_answer(tmp_pat
     won = {"conversation": [{"role": "assistant", "content": "50"}, {"role": "assistant", "content": "37"}]}
     assert guess("", won) == {"score": 1.0, "acc": 1.0, "guesses": 2.0}
     assert guess("I guess 36", None)["score"] == 0.0
+
+
+def test_a_python_tool_on_a_host_missing_sandbox_layers_is_warned_about(monkeypatch):
+    from lucidrl.trainer.config_warnings import config_warnings
+    from lucidrl.workers.agent import sandbox
+
+    cfg = _load("rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[python]")
+    monkeypatch.setattr(sandbox, "layers", lambda: (("rlimits",), (("landlock", "not available"),)))
+    assert any("whose sandbox on this host lacks landlock (not available)" in w for w in config_warnings(cfg))
+    monkeypatch.setattr(sandbox, "layers", lambda: (("rlimits", "landlock"), ()))
+    assert not any("sandbox" in w for w in config_warnings(cfg))
+
+
+def test_rows_are_checked_at_loading_with_their_file_and_row(tiny_tokenizer):
+    from lucidrl.config.schema import MultiTurnConfig
+    from lucidrl.data.dataset import PromptSample
+    from lucidrl.workers.agent import MultiTurnError
+    from lucidrl.workers.agent.rows import check_rows
+
+    def row(i, extra):
+        messages = [{"role": "user", "content": "What is 2 * 3?"}]
+        ids = tiny_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return PromptSample(ids, "arithmetic", "6", extra, "", f"train.parquet:{i}", messages)
+
+    cfg = MultiTurnConfig(enable=True, tools=["calculator"])
+    check_rows([row(0, {}), row(1, {"tools_kwargs": {"calculator": {}}})], tiny_tokenizer, cfg, 2048)
+    with pytest.raises(
+        MultiTurnError, match=r"train.parquet:0: the prompt with its tools described is \d+ tokens"
+    ):
+        check_rows([row(0, {})], tiny_tokenizer, cfg, 100)
+    with pytest.raises(ToolConfigError, match=r"train.parquet:1: extra_info.interaction_kwargs.name='chess'"):
+        check_rows([row(0, {}), row(1, {"interaction_kwargs": {"name": "chess"}})], tiny_tokenizer, cfg, 2048)
