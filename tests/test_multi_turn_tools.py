@@ -243,3 +243,22 @@ def test_rows_are_checked_at_loading_with_their_file_and_row(tiny_tokenizer):
         check_rows([row(0, {})], tiny_tokenizer, cfg, 100)
     with pytest.raises(ToolConfigError, match=r"train.parquet:1: extra_info.interaction_kwargs.name='chess'"):
         check_rows([row(0, {}), row(1, {"interaction_kwargs": {"name": "chess"}})], tiny_tokenizer, cfg, 2048)
+
+
+def test_the_calculator_examples_reward_reads_the_conversation():
+    from pathlib import Path
+
+    from lucidrl.rewards.custom import load_custom_function
+
+    path = Path(__file__).parent.parent / "examples" / "calculator_reward.py"
+    score = load_custom_function(str(path), "compute_score")
+    ran = {"conversation": [{"role": "tool", "content": "27375"}]}
+    failed = {"conversation": [{"role": "tool", "content": "Error: missing required argument(s) expression"}]}
+    assert score("arithmetic", "The answer is 27375.", "27375", ran)["score"] == 1.2
+    assert score("arithmetic", "The answer is 1.", "27375", ran) == {
+        "score": 0.2,
+        "acc": 0.0,
+        "format": 1.0,
+        "ran_tool": 1.0,
+    }
+    assert score("arithmetic", "The answer is 1.", "27375", failed)["score"] == 0.0
