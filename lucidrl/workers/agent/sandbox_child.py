@@ -37,7 +37,8 @@ SYS_LANDLOCK = (444, 445, 446)  # create_ruleset, add_rule, restrict_self: the s
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-_libc.prctl.restype = ctypes.c_int
+if hasattr(_libc, "prctl"):  # Linux's
+    _libc.prctl.restype = ctypes.c_int
 
 
 def _syscall(number: int, *args: object) -> int:
@@ -61,13 +62,25 @@ def _unshare(flags: int) -> bool:
     return _libc.unshare(flags) == 0
 
 
-def _limit(settings: dict) -> None:
+_LINUX = sys.platform.startswith("linux")
+
+
+def _limit(settings: dict) -> dict[str, str]:
+    """Set the resource limits; returns the ones the system refused (macOS refuses RLIMIT_AS), by name."""
     cpu, mem, out = settings["cpu_s"], settings["memory_mb"] << 20, settings["max_output_bytes"]
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))  # at the hard limit the kernel sends SIGKILL
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (out, out))  # stdout/stderr are files: SIGXFSZ past it
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    refused = {}
+    for name, which, value in (
+        ("cpu", resource.RLIMIT_CPU, cpu),  # at the hard limit the kernel sends SIGKILL
+        ("memory", resource.RLIMIT_AS, mem),
+        ("output", resource.RLIMIT_FSIZE, out),  # stdout and stderr are files: SIGXFSZ past it
+        ("files", resource.RLIMIT_NOFILE, 64),
+        ("core", resource.RLIMIT_CORE, 0),
+    ):
+        try:
+            resource.setrlimit(which, (value, value))
+        except (ValueError, OSError) as e:
+            refused[f"rlimit {name}"] = str(e)
+    return refused
 
 
 # landlock access rights (linux/landlock.h)
@@ -219,23 +232,23 @@ def _audit_hook(workdir: str, block: set[str]) -> None:
 
 def _confine_and_run(settings: dict, report_fd: int) -> None:
     """In the code's own process: confine, report what holds, close the report, run the code."""
-    applied, missing = [], {}
+    applied: list[str] = []
     layers = set(settings["layers"])
     workdir = settings["workdir"]
+    missing = _limit(settings)
+    applied.append("rlimits" if not missing else "rlimits (some)")
     try:
-        _limit(settings)
-        applied.append("rlimits")
         os.chdir(workdir)
-        if _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        if _LINUX and _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    except OSError as e:  # without these nothing below holds: refuse to run the code
+    except OSError as e:  # landlock and seccomp need no_new_privs: refuse to run the code
         _report(report_fd, fatal=f"{e}")
         os._exit(70)
     block = set()
     for name, layer, covers in (("landlock", lambda: _landlock(workdir), ("files",)),
                                 ("seccomp", _seccomp, ("processes", "network"))):  # fmt: skip
-        if name not in layers:
-            missing[name] = "not asked for"
+        if name not in layers or not _LINUX:
+            missing[name] = "not asked for" if _LINUX else f"Linux only ({sys.platform})"
             block.update(covers)
             continue
         try:
@@ -285,7 +298,7 @@ def main() -> None:
     settings = json.loads(sys.argv[1])
     report_fd = settings["report_fd"]
     namespaces = []
-    if "namespaces" in settings["layers"]:
+    if "namespaces" in settings["layers"] and _LINUX:
         for flags, names in ((CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID, ["userns", "netns", "pidns"]),
                              (CLONE_NEWUSER | CLONE_NEWNET, ["userns", "netns"])):  # fmt: skip
             if _unshare(flags):
