@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 N_PROMPTS, N_SAMPLES = 16, 8
-MAX_NEW = 160  # new tokens per response: main() sets the demo's own (DemoPlan.max_new_tokens by puzzle size)
+MAX_NEW = 160  # new tokens per response: main() sets the demo's own (ScarceLabelsPlan.max_new_tokens by puzzle size)
 LR, WARMUP, KL_COEF, CLIP = 1e-4, 3, 0.02, 0.2
 
 
@@ -66,10 +66,10 @@ def greedy_accuracy(model_dir: str, val: str) -> float:
 
 def worker_lucidrl(demo: Path, steps: int, every: int, work: Path) -> dict:
     from lucidrl.config import config_from_dict
-    from lucidrl.experiments.scarce_labels import DemoPlan, grpo_config
+    from lucidrl.experiments.scarce_labels import ScarceLabelsPlan, grpo_config
     from lucidrl.trainer.ppo import PPOTrainer
 
-    plan = DemoPlan(rl_prompts=N_PROMPTS, rl_n=N_SAMPLES, rl_lr=LR, rl_warmup=WARMUP, kl_coef=KL_COEF)
+    plan = ScarceLabelsPlan(rl_prompts=N_PROMPTS, rl_n=N_SAMPLES, rl_lr=LR, rl_warmup=WARMUP, kl_coef=KL_COEF)
     plan.max_new_tokens = MAX_NEW
     files = {"unlabelled": str(demo / "data" / "unlabelled.parquet")}
     cfg = grpo_config(str(demo / "sft" / "final"), files, work / "lucidrl", plan, seed=0)
@@ -98,7 +98,7 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from lucidrl.data.dataset import _render
+    from lucidrl.data.prompt_format import render_chat
     from lucidrl.rewards.kk import compute_score
 
     rows = pq.read_table(demo / "data" / "unlabelled.parquet").to_pylist()
@@ -109,7 +109,7 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
     # turn opened (7 tokens more, a format the SFT checkpoint never saw); its string path gives the same ids
     dataset = datasets.Dataset.from_list(
         [
-            {"prompt": _render(tok, r["prompt"])[0], "ground_truth": r["reward_model"]["ground_truth"]}
+            {"prompt": render_chat(tok, r["prompt"])[0], "ground_truth": r["reward_model"]["ground_truth"]}
             for r in rows
         ]
     )

@@ -154,13 +154,13 @@ def worker_trl(work: Path, steps: int, bf16: bool) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     prep = json.loads((work / "prep.json").read_text())
-    from lucidrl.data.dataset import _render
+    from lucidrl.data.prompt_format import render_chat
 
     rows = pq.read_table(prep["train"]).to_pylist()
     tok = AutoTokenizer.from_pretrained(prep["model"])
     # the prompt as lucidrl renders it, a plain string: from chat messages TRL closes the rows' pre-filled
     # "<think>" turn and opens another (7 tokens more per prompt, ~3% more prefill and training tokens)
-    dataset = datasets.Dataset.from_list([{"prompt": _render(tok, r["prompt"])[0]} for r in rows])
+    dataset = datasets.Dataset.from_list([{"prompt": render_chat(tok, r["prompt"])[0]} for r in rows])
     model = AutoModelForCausalLM.from_pretrained(prep["model"])
     gen = {"s": 0.0, "tokens": 0}
     original = model.generate

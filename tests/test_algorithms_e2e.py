@@ -1,12 +1,19 @@
-"""Every estimator, loss, KL mode and DAPO refinement, selected purely from config, for 2 real steps."""
+"""Every estimator, loss, KL mode, aggregation, rollout correction and DAPO refinement, selected purely
+from config, for 2 real steps: the "Try it" override lists of docs/algorithms/ exactly as the pages print
+them, and a few speed-up paths."""
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 from helpers import toy_train_args
 
 from lucidrl.cli import main
+from lucidrl.config import load_config
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "algorithms"
 
 BASE = [
     "data.max_prompt_length=1024",
@@ -22,43 +29,21 @@ BASE = [
     "data.val_files=[]",
 ]
 
-CASES = {
-    "grpo": [],
-    "dr_grpo": ["algorithm.norm_adv_by_std_in_grpo=false", "actor.loss_agg_mode=seq-mean-token-sum-norm"],
-    "rloo": ["algorithm.adv_estimator=rloo", "actor.loss_agg_mode=seq-mean-token-mean"],
-    "reinforce_plus_plus": [
-        "algorithm.adv_estimator=reinforce_plus_plus",
-        "algorithm.gamma=0.99",
-        "actor.use_kl_loss=true",
-        "actor.kl_loss_type=low_var_kl",
-        "actor.kl_loss_coef=0.001",
-    ],
-    "reinforce_plus_plus_baseline": ["algorithm.adv_estimator=reinforce_plus_plus_baseline"],
-    "remax": ["algorithm.adv_estimator=remax"],
-    "opo": ["algorithm.adv_estimator=opo"],
-    "grpo_passk": ["algorithm.adv_estimator=grpo_passk"],
-    "gae_critic": [
-        "algorithm.adv_estimator=gae",
-        "algorithm.lam=0.95",
-        "critic.optim.lr=1e-3",
-        "critic.ppo_micro_batch_size=8",
-        "algorithm.use_kl_in_reward=true",
-        "algorithm.kl_penalty=kl",
-    ],
-    "gspo": [
-        "actor.policy_loss=gspo",
-        "actor.clip_ratio_low=0.0003",
-        "actor.clip_ratio_high=0.0004",
-        "actor.loss_agg_mode=seq-mean-token-mean",
-    ],
-    "cispo": ["actor.policy_loss=cispo", "actor.clip_ratio_high=4.0"],
-    "reinforce_loss": ["actor.policy_loss=reinforce", "actor.ppo_mini_batch_size=4"],
-    "kl_reward_adaptive": [
-        "algorithm.use_kl_in_reward=true",
-        "algorithm.kl_ctrl.type=adaptive",
-        "algorithm.kl_ctrl.kl_coef=0.05",
-        "algorithm.kl_penalty=low_var_kl",
-    ],
+
+def doc_cases() -> dict[str, list[str]]:
+    """Every `lucidrl train CONFIG.yaml ...` command of the docs/algorithms pages, as its override list,
+    named after its page (page-2, page-3 for a page's further commands)."""
+    cases: dict[str, list[str]] = {}
+    for page in sorted(DOCS.glob("*.md")):
+        for k, command in enumerate(re.findall(r"`lucidrl train CONFIG\.yaml([^`]*)`", page.read_text())):
+            cases[page.stem if k == 0 else f"{page.stem}-{k + 1}"] = command.split()
+    return cases
+
+
+DOC_CASES = doc_cases()
+
+# paths the pages do not show: token-budget and chunked-head micro-batches, compiled log-probs
+SPEED_CASES = {
     "dynamic_bsz": [  # token-budget micro-batches: actor update, old-log-prob, reference and critic passes
         "algorithm.adv_estimator=gae",
         "critic.optim.lr=1e-3",
@@ -82,21 +67,37 @@ CASES = {
         "actor.use_kl_loss=true",
         "actor.entropy_coeff=0.001",
     ],
-    "dapo": [
-        "algorithm.filter_groups.enable=true",
-        "algorithm.filter_groups.max_num_gen_batches=3",
-        "reward.overlong_buffer.enable=true",
-        "reward.overlong_buffer.len=4",
-        "actor.clip_ratio_high=0.28",
-        "actor.entropy_coeff=0.001",
-    ],
 }
+
+CASES = {**DOC_CASES, **SPEED_CASES}
+
+# every page names something to try; the ones this issue added, by name
+EXPECTED_PAGES = {
+    "gpg", "gdpo", "optimal_token_baseline", "optimal_token_baseline-2", "sapo", "gmpo", "dppo", "dppo-2",
+    "clip_cov", "clip_cov-2", "dro", "rollout_correction", "rollout_correction-2", "aggregation_and_kl",
+    "aggregation_and_kl-2", "grpo-3", "rloo-2",
+}  # fmt: skip
+
+
+def test_every_page_has_a_try_it_that_loads(tmp_path):
+    """Quick: each page's overrides parse and validate on the e2e base (the slow test trains them)."""
+    pages = {p.stem for p in DOCS.glob("*.md")}
+    assert pages <= {name.split("-")[0] for name in DOC_CASES}
+    assert EXPECTED_PAGES <= set(DOC_CASES)
+    for name, overrides in DOC_CASES.items():
+        assert all("=" in o for o in overrides), (name, overrides)
+        load_config(None, ["model.path=unused", "data.train_files=[unused.parquet]", *BASE, *overrides])
+
+
+def _has(overrides: list[str], text: str) -> bool:
+    return any(o.startswith(text) for o in overrides)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model):
-    assert main([*toy_train_args(tmp_path, kk_data, tiny_model), *BASE, *CASES[name]]) == 0
+    overrides = CASES[name]
+    assert main([*toy_train_args(tmp_path, kk_data, tiny_model), *BASE, *overrides]) == 0
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     drawn = 0  # prompt batches taken from the loader: 32 train prompts in batches of 4, 8 per epoch
@@ -106,12 +107,13 @@ def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model):
         assert r["actor/entropy"] > 0
         drawn += int(r.get("dapo/gen_rounds", 1))
         assert r["training/epoch"] == (drawn - 1) // 8, (drawn, r["training/epoch"])
-    if name == "gae_critic":
-        assert math.isfinite(records[-1]["critic/vf_loss"]) and "critic/vf_explained_var" in records[-1]
-        assert records[-1]["actor/reward_kl_penalty_coeff"] == pytest.approx(0.001)
-    if name == "kl_reward_adaptive":
-        assert records[-1]["actor/reward_kl_penalty_coeff"] != pytest.approx(0.05)  # the controller moved it
-    if name == "dapo":
+    last = records[-1]
+    if _has(overrides, "algorithm.adv_estimator=gae") and _has(overrides, "algorithm.use_kl_in_reward=true"):
+        assert math.isfinite(last["critic/vf_loss"]) and "critic/vf_explained_var" in last
+        assert last["actor/reward_kl_penalty_coeff"] == pytest.approx(0.001)
+    if _has(overrides, "algorithm.kl_ctrl.type=adaptive"):
+        assert last["actor/reward_kl_penalty_coeff"] != pytest.approx(0.05)  # the controller moved it
+    if _has(overrides, "algorithm.filter_groups.enable=true"):
         assert records[0]["dapo/gen_rounds"] >= 1 and "reward/overlong_penalty/mean" in records[0]
         for r in records:  # 4 prompts a round; the mixed groups beyond the batch's 4 are the surplus
             generated = 4 * r["dapo/gen_rounds"]
@@ -122,3 +124,21 @@ def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model):
             records[0]["critic/groups_with_mixed_scores"] == 1.0
             or records[0]["dapo/filled_with_tied_groups"] > 0
         )
+    bypass = _has(overrides, "algorithm.rollout_correction.bypass_mode=true")
+    if not bypass and (
+        _has(overrides, "algorithm.rollout_correction.rollout_is=")
+        or _has(overrides, "algorithm.rollout_correction.rollout_rs=")
+    ):
+        # the same weights sampled and trained in float32: the engine's and the actor's log-probs agree,
+        # so the weights are 1 and nothing is rejected
+        assert last["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-4)
+        assert last["rollout_corr/kl"] == pytest.approx(0.0, abs=1e-4)
+        if _has(overrides, "algorithm.rollout_correction.rollout_rs="):
+            assert last["rollout_corr/rollout_rs_masked_fraction"] == 0.0
+    if bypass:
+        assert "rollout/logprob_diff_mean" not in last  # no actor pass to compare with
+        assert 0.0 <= last["rollout_corr/rollout_rs_masked_fraction"] <= 1.0  # from the bypass_mode loss
+    if _has(overrides, "actor.policy_loss=clip_cov") or _has(overrides, "actor.policy_loss=kl_cov"):
+        assert all(r["actor/pg_clipfrac"] > 0 for r in records)  # some tokens were cut off or penalised
+    if _has(overrides, "actor.kl_loss_type=k3+"):
+        assert last["actor/kl_loss"] >= 0.0

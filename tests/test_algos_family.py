@@ -161,12 +161,39 @@ def test_reinforce_pp_returns_are_whitened_over_the_mask():
     assert masked_var(adv, mask).item() == pytest.approx(1.0, abs=1e-4)
 
 
-def test_reinforce_pp_resets_at_masked_token():
-    # mask [1, 0, 1], gamma 1: the reward after the gap does not flow back past it (verl's reset).
-    rewards = torch.tensor([[1.0, 9.0, 1.0], [2.0, 0.0, 0.0]])
-    mask = torch.tensor([[1, 0, 1], [1, 0, 0]])
-    _, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=1.0)
-    assert torch.equal(ret, torch.tensor([[1.0, 0.0, 1.0], [2.0, 0.0, 0.0]]))
+def test_reinforce_pp_carries_the_return_across_masked_tokens():
+    # A tool's output (masked) between two turns, gamma .5: the masked reward 9 is ignored, the running
+    # return passes the gap undiscounted (verl 0.9.1), and the masked token's return is 0.
+    #   row 0, mask [1, 0, 0, 1], rewards [1, 9, 9, 4]: t3 G = 4; t2, t1 skipped; t0 G = 1 + .5 * 4 = 3
+    #   row 1, mask [1, 1, 0, 0] (padding), rewards [2, 2, 7, 7]: t1 G = 2; t0 G = 2 + .5 * 2 = 3
+    rewards = torch.tensor([[1.0, 9.0, 9.0, 4.0], [2.0, 2.0, 7.0, 7.0]])
+    mask = torch.tensor([[1, 0, 0, 1], [1, 1, 0, 0]])
+    _, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
+    assert torch.equal(ret, torch.tensor([[3.0, 0.0, 0.0, 4.0], [3.0, 2.0, 0.0, 0.0]]))
+
+
+def test_reinforce_pp_returns_equal_gae_returns_with_gaps():
+    # Both estimators skip masked tokens the same way: with gamma = lam = 1 and values 0, GAE's returns
+    # (A + V) are the reward-to-go over unmasked tokens, which is REINFORCE++'s G.
+    torch.manual_seed(7)
+    rewards = torch.randn(4, 7)
+    mask = torch.tensor(
+        [[1, 1, 0, 0, 1, 1, 0], [1, 0, 1, 0, 1, 0, 1], [1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 0, 0, 0]]
+    )
+    _, ret_rpp = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=1.0)
+    _, ret_gae = compute_gae_advantage_return(rewards, torch.zeros(4, 7), mask, gamma=1.0, lam=1.0)
+    assert torch.allclose(ret_rpp, ret_gae, atol=1e-6)
+    # and the first token of row 1 collects every later unmasked reward
+    assert ret_rpp[1, 0].item() == pytest.approx(rewards[1, [0, 2, 4, 6]].sum().item(), abs=1e-6)
+
+
+def test_reinforce_pp_nan_reward_on_masked_token_does_not_leak():
+    rewards = torch.tensor([[1.0, float("nan"), 2.0]])
+    adv, ret = compute_reinforce_plus_plus_outcome_advantage(
+        rewards.repeat(2, 1), torch.tensor([[1, 0, 1], [1, 0, 1]]), gamma=1.0
+    )
+    assert torch.equal(ret[0], torch.tensor([3.0, 0.0, 2.0]))
+    assert torch.isfinite(adv).all()
 
 
 def test_reinforce_pp_rejects_bad_gamma():
@@ -291,13 +318,27 @@ def _estimator_inputs(bs: int = 8, T: int = 5) -> dict:
         "lam": 0.95,
         "norm_adv_by_std_in_grpo": True,
         "reward_baselines": torch.randn(bs),
+        # the optimal token baselines' inputs from the old-log-prob pass, NaN on padding as well
+        "old_log_probs": torch.where(mask.bool(), -torch.rand(bs, T) * 2, float("nan")),
+        "sum_pi_squared": torch.where(mask.bool(), torch.rand(bs, T) * 0.5 + 0.1, float("nan")),
     }
 
 
 def test_every_registered_estimator_shapes_and_exact_zero_mask():
     names = list_advantage_estimators()
-    expected = {"gae", "grpo", "grpo_passk", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"}
-    assert expected | {"remax", "rloo"} <= set(names)
+    # verl 0.9.1's registered estimators, every one
+    expected = {
+        "gae",
+        "gdpo",
+        "gpg",
+        "grpo",
+        "grpo_passk",
+        "grpo_vectorized",
+        "opo",
+        "optimal_token_baseline",
+    }
+    expected |= {"reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "rloo_vectorized"}
+    assert expected | {"tir_optimal_token_baseline"} <= set(names)
     available = _estimator_inputs()
     mask = available["response_mask"]
     for name in names:
@@ -430,22 +471,35 @@ def test_reinforce_loss_and_gradient():
 
 
 def test_every_registered_loss_takes_the_actor_kwargs_and_reports_metrics():
+    from lucidrl.algos import policy_loss_agg_mode
+    from lucidrl.config.schema import ActorConfig, RolloutCorrectionConfig
+    from lucidrl.workers.actor import policy_loss_kwargs
+
     names = list_policy_losses()
-    assert {"vanilla", "gspo", "cispo", "reinforce"} <= set(names)
+    # verl 0.9.1's registered policy losses, every one, and lucidrl's reinforce
+    expected = {"bypass_mode", "cispo", "clip_cov", "dppo_kl", "dppo_tv", "dro", "geo_mean", "gpg", "gspo"}
+    assert expected | {"kl_cov", "sapo", "vanilla", "reinforce"} <= set(names)
     torch.manual_seed(5)
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]).float()
     for name in names:
+        cfg = ActorConfig(policy_loss=name, clip_ratio_high=0.28, dro_beta=0.1)
+        cfg.loss_agg_mode = policy_loss_agg_mode(name) or "token-mean"
+        available = policy_loss_kwargs(
+            cfg, RolloutCorrectionConfig(rollout_is="token"), torch.rand(3, 4) + 0.5
+        )
+        fn = get_policy_loss(name)
+        params = inspect.signature(fn).parameters
+        assert set(params) - {"old_log_prob", "log_prob", "advantages", "response_mask"} <= set(available), (
+            name
+        )
         old = torch.randn(3, 4) - 2
         log_prob = (old + 0.3 * torch.randn(3, 4)).requires_grad_(True)
-        loss, metrics = get_policy_loss(name)(
+        loss, metrics = fn(
             old_log_prob=old,
             log_prob=log_prob,
             advantages=torch.randn(3, 4),
             response_mask=mask,
-            clip_ratio_low=0.2,
-            clip_ratio_high=0.28,
-            clip_ratio_c=3.0,
-            loss_agg_mode="token-mean",
+            **{k: v for k, v in available.items() if k in params},
         )
         assert loss.ndim == 0 and loss.requires_grad, name
         assert {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"} <= set(metrics), name

@@ -109,6 +109,7 @@ def _decode(model, prompts, mask, n: int, **kwargs):
     return sample_group(model, prompts, mask, n=n, max_new_tokens=R, eos_ids=[EOS], pad_id=PAD, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("common", COMMON_PREFIXES)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_decoding_gives_transformers_generate_tokens(name, common):
@@ -367,6 +368,7 @@ def _inkling_position_bias():
     return config, T.InklingForCausalLM
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [*CONFIGS, "inkling-position-bias"])
 def test_bf16_training_forwards_run_with_attention_in_float32_and_in_bf16(name, monkeypatch):
     """Under bf16 compute on the CPU (precision.float32_attention) every architecture's forward and

@@ -58,6 +58,7 @@ def _steps(run_dir) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_stopped_and_resumed_run_ends_where_an_uninterrupted_one_does(
     tmp_path, kk_data, tiny_model, capsys
 ):
@@ -125,6 +126,7 @@ def test_a_stopped_and_resumed_run_ends_where_an_uninterrupted_one_does(
     )
 
 
+@pytest.mark.slow
 def test_saving_during_the_critic_warm_up_changes_nothing_and_resumes_exactly(tmp_path, kk_data, tiny_model):
     """The actor's AdamW has no state before its first update: saving must not create one."""
     warm = ("algorithm.adv_estimator=gae", "critic.warmup_steps=1", "trainer.total_training_steps=2")
@@ -263,6 +265,7 @@ def test_a_torn_metrics_line_is_dropped_with_a_warning(tmp_path, caplog):
     assert "dropped 1 unreadable line(s)" in caplog.text
 
 
+@pytest.mark.slow
 def test_no_checkpoint_is_saved_at_a_collapsed_step(tmp_path, kk_data, tiny_model, monkeypatch, capsys):
     from lucidrl.trainer.collapse import CollapseReport
 
@@ -288,6 +291,7 @@ def test_no_checkpoint_is_saved_at_a_collapsed_step(tmp_path, kk_data, tiny_mode
     assert "no checkpoint at step 2, which collapsed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_saves_are_atomic_pruned_and_the_latest_is_resumed(tmp_path, kk_data, tiny_model):
     run = tmp_path / "run"
     _train(
@@ -340,6 +344,7 @@ def test_saves_are_atomic_pruned_and_the_latest_is_resumed(tmp_path, kk_data, ti
         PPOTrainer(cfg).fit()
 
 
+@pytest.mark.slow
 def test_resuming_from_an_earlier_checkpoint_points_latest_at_it(tmp_path, kk_data, tiny_model):
     """The metrics after it are cut at once: `latest` must follow, or a run killed before its next save
     resumes the abandoned later checkpoint with that branch's metrics gone."""
@@ -378,6 +383,7 @@ def test_a_key_only_one_config_has_is_named_as_such_not_as_none():
     assert "before the key existed" in repr(changes["data.max_token_len_per_gpu"][0])
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_key_that_the_saved_state_depends_on(tmp_path, kk_data, tiny_model):
     _train(tmp_path, kk_data, tiny_model, "run", "trainer.total_training_steps=1", "trainer.save_freq=1")
     with pytest.raises(CheckpointError, match=r"data.train_batch_size: 4 in the checkpoint, 8 now"):
@@ -388,6 +394,7 @@ def test_resume_refuses_a_changed_key_that_the_saved_state_depends_on(tmp_path, 
         PPOTrainer(load_config(None, _args(tmp_path, kk_data, tiny_model, "plain")))
 
 
+@pytest.mark.slow
 def test_changed_hyperparameters_take_effect_on_resume_as_announced(tmp_path, kk_data, tiny_model, capsys):
     """The optimizer's and schedule's saved state put the old lr, betas and weight decay back, and a fixed KL
     coefficient came from the checkpoint, while the resume said "changed since: actor.optim.lr ...". Now
@@ -439,6 +446,7 @@ def test_changed_hyperparameters_take_effect_on_resume_as_announced(tmp_path, kk
     )
 
 
+@pytest.mark.slow
 def test_export_writes_the_checkpoint_actor_as_a_huggingface_folder(
     tmp_path, kk_data, tiny_model, capsys, monkeypatch
 ):
@@ -490,7 +498,10 @@ def test_export_writes_the_checkpoint_actor_as_a_huggingface_folder(
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["trainer.save_freq=-1"], "'trainer.save_freq' .* must be >= 0 .0: no checkpoints."),
+        (
+            ["trainer.save_freq=-2"],
+            "'trainer.save_freq' .* must be >= -1 .0 or -1 .verl.s never.: no checkpoints.",
+        ),
         (["trainer.max_ckpt_to_keep=0"], "'trainer.max_ckpt_to_keep' .* must be >= 1, got 0"),
         (["trainer.resume_mode=resume_path"], "needs trainer.resume_from_path"),
         (["trainer.resume_from_path=/x"], "only read with trainer.resume_mode=resume_path"),
@@ -505,6 +516,7 @@ def test_checkpoint_keys_that_contradict_each_other_are_refused(overrides, messa
         load_config(None, ["model.path=/m", "data.train_files=[/t]", *overrides])
 
 
+@pytest.mark.slow
 def test_doctor_says_whether_a_run_resumes_and_what_training_would_refuse(tmp_path, kk_data, tiny_model):
     from lucidrl.doctor import checks, run_checks
 

@@ -82,9 +82,9 @@ def test_the_demos_settings_ride_out_batch_noise_and_still_catch_a_collapse():
     0.5 drop stopped at step 78: steps 43-45 reached 2.07-2.37, then ordinary batches (1.08-1.27)
     pulled the short EMA 0.7 below. The demo's settings (EMA 0.9, drop 1.0) let it run, and still stop
     a real collapse (format and answers lost: scores near -3) within a few steps."""
-    from lucidrl.experiments.scarce_labels import DemoPlan, grpo_config
+    from lucidrl.experiments.scarce_labels import ScarceLabelsPlan, grpo_config
 
-    demo = grpo_config("m", {"unlabelled": "u"}, Path("r"), DemoPlan(), 0)["trainer"]["collapse"]
+    demo = grpo_config("m", {"unlabelled": "u"}, Path("r"), ScarceLabelsPlan(), 0)["trainer"]["collapse"]
     cfg = CollapseConfig(**{**demo, "min_mixed_groups_ratio": None})
     healthy = [
         1.387, 1.27, 1.145, 1.082, 1.219, 1.578, 1.66, 1.523, 0.848, 1.797, 1.309, 1.711, 1.441, 1.289, 1.109,
@@ -216,7 +216,7 @@ def _fit_with_entropies(
     )  # fmt: skip
     trainer.guard = CollapseGuard(collapse, actor, trainer.tracker.console.print, tmp_path)
     trainer.global_step, trainer.total_steps = 0, total_steps
-    trainer.resumed_from, trainer.run_dir = None, tmp_path
+    trainer.resumed_from, trainer.run_dir, trainer.on_step = None, tmp_path, None
     trainer.validate = lambda: {}
     measured = []
 

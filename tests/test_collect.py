@@ -55,6 +55,7 @@ def _collector(kk_data, tiny_model, tok, rounds, reward=half_tied, metric="score
     )
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_keeps_only_mixed_groups(kk_data, tiny_model, tiny_tokenizer):
     torch.manual_seed(0)
     batch, metrics = _collector(kk_data, tiny_model, tiny_tokenizer, rounds=8).collect({})
@@ -92,6 +93,7 @@ def test_rounds_with_different_reward_extras_concatenate_and_surplus_groups_are_
     assert late[0] != late[0] and late[1:] == [1.0, 1.0, 1.0]  # NaN for the first round's group
 
 
+@pytest.mark.slow
 def test_the_filter_metric_can_be_the_rewards_accuracy_as_in_verl_and_the_paper(
     kk_data, tiny_model, tiny_tokenizer
 ):

@@ -245,6 +245,13 @@ def test_help_config_lists_every_key_the_unknown_key_error_points_to(capsys):
         ("trainer.experiment_name=", "must be one folder name"),
         ("trainer.experiment_name=..", "must be one folder name"),
         (
+            "trainer.max_restarts=2",
+            "restarts the run when a Ray worker process dies; with trainer.backend=local",
+        ),
+        ("trainer.max_restarts=-1", "'trainer.max_restarts' .* must be >= 0"),
+        ("reward.on_error=skip", "reward.on_error"),
+        ("reward.timeout_s=0", "'reward.timeout_s' .* must be > 0"),
+        (
             "placement.pools.glboal.devices_per_node=2",
             r"placement.pools.glboal is defined but no role.*did you mean placement.pools.global",
         ),
@@ -324,3 +331,12 @@ def test_settings_that_would_do_nothing_or_discard_signal_are_refused(overrides,
     load_config(None, ["model.path=x", "algorithm.filter_groups.enable=true"])  # grpo: the filter's home
     load_config(None, ["model.path=x", "trainer.collapse.max_kl=0.5", "actor.use_kl_loss=true"])
     load_config(None, ["model.path=x", "critic.warmup_steps=5", "algorithm.adv_estimator=gae"])
+
+
+def test_restarts_without_checkpoints_are_warned_about():
+    from lucidrl.trainer.config_warnings import config_warnings
+
+    cfg = load_config(None, ["trainer.backend=ray", "trainer.max_restarts=1"])
+    assert any("starts again from step 0" in line for line in config_warnings(cfg))
+    cfg = load_config(None, ["trainer.backend=ray", "trainer.max_restarts=1", "trainer.save_freq=5"])
+    assert not any("max_restarts" in line for line in config_warnings(cfg))

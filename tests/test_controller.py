@@ -356,6 +356,7 @@ for env in ("", sys.argv[1]):
 """
 
 
+@pytest.mark.slow
 def test_an_unset_ray_address_starts_ray_here_beside_a_running_cluster_and_RAY_ADDRESS_joins(ray_head):
     """Bare ray.init() would join the cluster `ray start` left on this host and refuse num_cpus there
     (`lucidrl doctor` failed so); `ray job submit` hands its cluster over in RAY_ADDRESS."""

@@ -19,26 +19,28 @@ from lucidrl.rewards.registry import default_compute_score
         ("so \\boxed{\\dfrac12}.", "\\frac{1}{2}", 1.0),
         ("\\boxed{0.5}", "\\frac{1}{2}", 1.0),
         ("\\boxed{1/2}", "\\frac12", 1.0),
-        ("\\boxed{-3/4}", "-\\frac{3}{4}", 1.0),
+        ("\\boxed{-3/4}", "\\frac{-3}{4}", 1.0),  # verl: a/b of integers, the sign inside
+        ("\\boxed{-3/4}", "-\\frac{3}{4}", 0.0),
         ("\\boxed{.5}", "0.5", 1.0),
         ("\\boxed{\\left( 3, 4 \\right)}", "(3,4)", 1.0),
         ("\\boxed{x = 5}", "5", 1.0),
         ("\\boxed{10\\text{ cm}}", "10", 1.0),
         ("\\boxed{90^\\circ}", "90", 1.0),
         ("\\boxed{50\\%}", "50", 1.0),
+        ("\\boxed{50%}", "50", 0.0),  # verl drops "\%" only
         ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", 1.0),
         ("\\boxed{\\{1,2\\}}", "\\{1,2\\}", 1.0),  # nested braces inside the box
         ("\\boxed 5$", "5", 1.0),
-        ("\\fbox{7}", "7", 1.0),
+        ("\\fbox{7}", "7", 0.0),  # verl finds the \fbox and then cannot unwrap it
         ("first \\boxed{3}, then \\boxed{4}", "4", 1.0),  # the last box is the answer
         ("first \\boxed{4}, then \\boxed{3}", "4", 0.0),
         ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 0.0),  # no algebra: equal values written differently
         ("\\boxed{3", "3", 0.0),  # a box that never closes
         ("the answer is 5", "5", 0.0),
-        ("\\boxed{5}", "The area is $\\boxed{5}$.", 1.0),  # a full reference solution: its box
+        ("\\boxed{\\frac}", "\\frac", 1.0),  # not normalisable: compared as written
     ],
 )
-def test_math_reward_compares_the_last_box_after_normalisation(response, truth, score):
+def test_math_reward_is_verls_last_box_rule(response, truth, score):
     assert default_compute_score("lighteval/MATH", response, truth) == score
 
 
@@ -55,34 +57,45 @@ GT = {"target": 24, "numbers": [4, 6, 1]}
     [
         ("<think>4*6=24</think> <answer>4 * 6 * 1</answer>", 1.0, 1.0),
         ("<answer> (4 * 6) / 1 </answer>", 1.0, 1.0),
-        ("<answer>4 × 6 ÷ 1</answer>", 1.0, 1.0),
         ("<answer>1</answer> then <answer>4*6*1</answer>", 1.0, 1.0),  # the last answer counts
-        ("<answer>4*6*1</answer></answer>", 1.0, 1.0),  # a stray closing tag (was 0.1; TinyZero: 1.0)
-        ("<answer>4*6*1</answer> done. </answer>", 1.0, 1.0),
+        ("<answer>4*6*1</answer></answer>", 1.0, 1.0),
+        ("<think>\nsteps\n</think>\n<answer>4*6*1</answer>", 1.0, 1.0),
+        ("<answer>4*6*1</answer>\nthat is all", 0.0, 0.0),  # TinyZero reads the last line only
+        ("<answer>4 × 6 ÷ 1</answer>", 0.1, 0.0),  # TinyZero: characters it does not evaluate
         ("<answer>4*6</answer>", 0.1, 0.0),  # a number left out
         ("<answer>4*6*1*1</answer>", 0.1, 0.0),  # a number used twice
         ("<answer>4+6+1</answer>", 0.1, 0.0),  # another value
         ("<answer>4*6*1 = 24</answer>", 0.1, 0.0),  # TinyZero's rule: the expression alone
-        ("<answer>4**6*1</answer>", 0.1, 0.0),  # no powers
         ("<answer>4/(1-1)*6</answer>", 0.1, 0.0),
-        ("<answer>1.0*24</answer>", 0.1, 0.0),
+        ("<answer>1.0*24</answer>", 0.1, 0.0),  # numbers 1, 0, 24
         ("<answer>__import__('os').system('true')</answer>", 0.1, 0.0),  # never evaluated as Python
         ("4 * 6 * 1", 0.0, 0.0),  # no <answer>
     ],
 )
-def test_countdown_reward(response, score, acc):
+def test_countdown_reward_is_tinyzeros(response, score, acc):
     out = default_compute_score("countdown", response, GT)
     assert (out["score"], out["acc"]) == (score, acc)
 
 
-def test_countdown_evaluates_exactly_and_names_a_bad_ground_truth():
-    # 1/49*49 is exactly 1 on fractions; floats make it 0.9999999999999999 ((1/3)*3 is 1.0 in floats too,
-    # so the test used to pass on float evaluation)
-    assert 1 / 49 * 49 != 1
+def test_countdown_powers_floats_and_the_lenient_option():
+    # TinyZero evaluates with Python's arithmetic: ** and // count, "/" is a float within 1e-5
+    assert (
+        countdown.compute_score("<answer>2**3*3</answer>", {"target": 24, "numbers": [2, 3, 3]})["acc"] == 1.0
+    )
     assert (
         countdown.compute_score("<answer>1/49*49</answer>", {"target": 1, "numbers": [1, 49, 49]})["acc"]
         == 1.0
     )
+    # a power TinyZero's eval would grind on is a wrong answer here, at once
+    assert countdown.compute_score("<answer>9**99999999</answer>", {"target": 9, "numbers": [9, 99999999]})[
+        "score"
+    ] == pytest.approx(0.1)
+    lenient = {"target": 24, "numbers": [4, 6, 1]}
+    assert countdown.compute_score("<answer>4 × 6 ÷ 1</answer>", lenient, lenient=True)["acc"] == 1.0
+    assert countdown.compute_score("<answer>4*6*1</answer>\nthat is all", lenient, lenient=True)["acc"] == 1.0
+
+
+def test_countdown_names_a_bad_ground_truth():
     for target in (24.7, "24", True):
         with pytest.raises(ValueError, match="target must be a whole number"):
             countdown.compute_score("<answer>3*8*1</answer>", {"target": target, "numbers": [3, 8, 1]})

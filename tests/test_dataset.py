@@ -61,15 +61,18 @@ def test_missing_file_and_bad_messages(tmp_path, tiny_tokenizer):
 
 
 def test_message_fields_reach_the_template_and_a_none_content_is_refused():
-    from lucidrl.data.dataset import _check_messages
+    from lucidrl.data.prompt_format import check_messages as _check_messages
 
     # parquet fills a key only some messages have with None: dropped; the rest passes as the data says
     messages = [{"role": "user", "content": "a", "name": "bob", "tool_calls": None}]
     assert _check_messages(messages, "f row 0", "prompt") == [{"role": "user", "content": "a", "name": "bob"}]
     with pytest.raises(
-        DatasetError, match="f row 3: message .* needs a 'role' and a 'content' that is not None"
+        DatasetError, match="f row 3: message .* needs a 'role' and a 'content' that are not None"
     ):
         _check_messages([{"role": "user", "content": None}], "f row 3", "prompt")
+    # a role of None: parquet fills in a key that only other rows have (it failed inside the chat template)
+    with pytest.raises(DatasetError, match="f row 4: message .* needs a 'role'"):
+        _check_messages([{"role": None, "content": "hi"}], "f row 4", "prompt")
 
 
 def test_collate_left_pads_and_loader_is_seeded(kk_data, tiny_tokenizer):
@@ -101,14 +104,16 @@ def test_loader_drawn_is_the_samples_of_the_first_batches_across_epochs(kk_data,
     assert loader.drawn(0) == [] and loader.order(1) != loader.order(0)
 
 
-def test_a_logic_rl_raw_prompt_that_prefills_think_in_the_user_message_is_refused():
-    from lucidrl.data.dataset import _check_messages
+def test_a_raw_prompt_that_prefills_think_in_the_user_message_is_refused_as_chat():
+    """Rendered with the chat template (data.prompt_format=chat), a template in a user message would put the
+    model after the template's own assistant header and hide the <think> from the reward."""
+    from lucidrl.data.prompt_format import check_messages, render_prompt
 
     raw = "<|im_start|>user\nA very special island...<|im_end|>\n<|im_start|>assistant\n<think>"
-    with pytest.raises(DatasetError, match=r"f row 2: .*user message ending in '<think>'.*assistant message"):
-        _check_messages([{"role": "user", "content": raw}], "f row 2", "prompt")
+    with pytest.raises(DatasetError, match=r"f row 2: .*user message ending in '<think>'.*prompt_format=raw"):
+        render_prompt(None, [{"role": "user", "content": raw}], "f row 2", prompt_format="chat")
     with pytest.raises(DatasetError, match="user message ending in '<think>'"):
-        _check_messages("User: quiz\nAssistant: <think>\n", "f row 0", "prompt")
+        render_prompt(None, "quiz <think>", "f row 0", prompt_format="auto")  # no markup: chat, refused
     ok = [{"role": "user", "content": "quiz"}, {"role": "assistant", "content": "<think>"}]
-    assert _check_messages(ok, "f row 0", "prompt") == ok
-    assert _check_messages("quiz", "f row 0", "prompt") == [{"role": "user", "content": "quiz"}]
+    assert check_messages(ok, "f row 0", "prompt") == ok
+    assert check_messages("quiz", "f row 0", "prompt") == [{"role": "user", "content": "quiz"}]

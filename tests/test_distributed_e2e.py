@@ -5,6 +5,7 @@ whose rollouts differ in width crashed every multi-rank run once, unseen while t
 
 import json
 import os
+import time
 
 import pytest
 from helpers import TOY_REWARD, lucidrl_train
@@ -20,8 +21,14 @@ LOSS_TOL = 1e-6
 
 
 def _train(tmp_path, kk_data, model, name, *extra):
+    """(metrics records, final weights) of a 2-step run."""
+    return _run(tmp_path, kk_data, model, name, *extra)[:2]
+
+
+def _run(tmp_path, kk_data, model, name, *extra, reward_source=TOY_REWARD):
+    """(metrics records, final weights, the command's output) of a 2-step run."""
     reward = tmp_path / "reward.py"
-    reward.write_text(TOY_REWARD)
+    reward.write_text(reward_source)
     run = tmp_path / name
     args = [
         f"model.path={model['path']}",
@@ -50,7 +57,7 @@ def _train(tmp_path, kk_data, model, name, *extra):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # responses end early and at different lengths, so ranks' rollouts differ in width (conftest.py)
     assert all(r["response_length/min"] < r["response_length/max"] for r in records), records
-    return records, load_file(run / "final" / "model.safetensors")
+    return records, load_file(run / "final" / "model.safetensors"), proc.stdout + proc.stderr
 
 
 def _compare(a, b):
@@ -76,19 +83,20 @@ def _moved(local_run, model) -> float:
     return max((local_run[1][k] - start[k]).abs().max().item() for k in start)
 
 
+DDP = ("trainer.strategy=ddp", "placement.pools={global: {nodes: 1, devices_per_node: 2}}")
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory, kk_data, stopping_model, ray_head):
+    """The 2-step run on two Ray DDP ranks, uninterrupted."""
+    ray = ("trainer.backend=ray", f"trainer.ray_address={ray_head}", *DDP)
+    return _train(tmp_path_factory.mktemp("ddp"), kk_data, stopping_model, "ddp", *ray)
+
+
 @pytest.mark.slow
-def test_ray_two_ddp_ranks_match_local(local_run, tmp_path, kk_data, stopping_model, ray_head):
+def test_ray_two_ddp_ranks_match_local(local_run, ddp_run, stopping_model):
     """FSDP2 on two ranks is compared with the same local run by the resume test below, step by step."""
-    ray_run = _train(
-        tmp_path,
-        kk_data,
-        stopping_model,
-        "ddp",
-        "trainer.backend=ray",
-        f"trainer.ray_address={ray_head}",
-        "trainer.strategy=ddp",
-        "placement.pools={global: {nodes: 1, devices_per_node: 2}}",
-    )
+    ray_run = ddp_run
     diff = _compare(local_run, ray_run)
     assert _moved(local_run, stopping_model) > 20 * diff  # the runs trained, and agree far more closely
 
@@ -197,3 +205,69 @@ def test_two_node_processes_joined_by_ray_address(local_run, tmp_path, kk_data, 
     finally:
         cluster.shutdown()
     _compare(local_run, ray_run)
+
+
+# kills one of this run's Ray ranks while step 2's rewards are scored (in the trainer's process): the
+# ranks are the _RankHost processes whose environment holds this test's folder (Ray hands the trainer's
+# PYTHONPATH to its workers), so no other run's workers on the machine are touched
+KILL_A_RANK = (
+    TOY_REWARD
+    + """
+import os, pathlib, signal
+
+_toy = compute_score
+TOKEN = os.environ["LUCIDRL_TEST_TOKEN"]
+
+def _ranks():
+    found = []
+    for proc in pathlib.Path("/proc").iterdir():
+        try:
+            if b"_RankHost" in (proc / "cmdline").read_bytes() and TOKEN.encode() in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return sorted(found)
+
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    marker = pathlib.Path(TOKEN) / "killed"
+    if (pathlib.Path(TOKEN) / "restart" / "checkpoints" / "global_step_1").is_dir() and not marker.exists():
+        ranks = _ranks()
+        marker.write_text(str(ranks))
+        os.kill(ranks[-1], signal.SIGKILL)
+    return _toy(data_source, solution_str, ground_truth, extra_info)
+"""
+)
+
+
+@pytest.mark.slow
+def test_a_killed_ray_rank_restarts_the_run_from_its_checkpoint_to_the_same_weights(
+    ddp_run, tmp_path, kk_data, stopping_model, ray_head, monkeypatch
+):
+    """trainer.max_restarts=1: SIGKILL one of two DDP ranks in step 2; the controller notices the death,
+    tears the group down, starts it again and resumes from step 1's checkpoint. The run finishes with
+    the weights the uninterrupted run has (deterministic sampling; the same ranks, so bit for bit)."""
+    monkeypatch.setenv("LUCIDRL_TEST_TOKEN", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{os.environ.get('PYTHONPATH', '')}{os.pathsep}{tmp_path}")
+    began = time.perf_counter()
+    records, weights, out = _run(
+        tmp_path,
+        kk_data,
+        stopping_model,
+        "restart",
+        "trainer.backend=ray",
+        f"trainer.ray_address={ray_head}",
+        *DDP,
+        "trainer.save_freq=1",
+        "trainer.max_restarts=1",
+        reward_source=KILL_A_RANK,
+    )
+    seconds = time.perf_counter() - began
+    killed = json.loads((tmp_path / "killed").read_text())
+    assert len(killed) == 2  # both ranks were found, one was killed
+    assert (
+        "restart 1 of 1" in out and "died during" in out and "resuming from" in out and "global_step_1" in out
+    )
+    assert [r["step"] for r in records] == [1, 2]
+    diff = max((ddp_run[1][k] - weights[k]).abs().max().item() for k in weights)
+    print(f"restart test: max weight difference {diff}, 1 restart, {seconds:.0f} s")
+    assert diff == 0.0 and _moved((records, weights), stopping_model) > 0  # equal, and trained

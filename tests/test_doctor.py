@@ -103,6 +103,7 @@ def test_a_child_that_aborts_is_reported_with_its_signal_and_stderr():
     assert result is None and "signal 6" in why and "about to abort" in why
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="inductor's CPU backend needs a C++ compiler")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_compile_probe_really_compiles_and_matches_eager(dtype):
@@ -121,12 +122,14 @@ def test_the_compile_check_takes_the_logits_dtype_from_the_config():
     assert run_checks.needs_of(load_config(None, []))[0].logits_dtype == "float32"
 
 
+@pytest.mark.slow
 def test_gloo_across_two_processes():
     check = machine.check_distributed("gloo", world=2, timeout=120)
     assert check.status == "ok", check
     assert "gloo: 2 processes joined" in check.detail
 
 
+@pytest.mark.slow
 def test_a_rendezvous_port_taken_by_someone_else_fails_the_distributed_check(monkeypatch):
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))

@@ -47,6 +47,7 @@ def test_counts_keys_and_ranges(result, kk_data):
     assert set(result["seconds"]) == {"greedy", "sampled"}
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers_and_limit_keeps_the_first_rows(result, kk_data, tiny_model):
     again = evaluate(
         tiny_model["path"], [kk_data["val"]], k=2, max_new_tokens=12, batch_size=3, seed=0, limit=3
@@ -86,6 +87,7 @@ def test_summary_arithmetic():
     assert _summarise(per_sample, [4, 5], 3)["trace_ok"] is None
 
 
+@pytest.mark.slow
 def test_cli_prints_the_table_and_writes_json(kk_data, tiny_model, tmp_path, capsys):
     out = tmp_path / "eval" / "result.json"
     argv = ["eval", tiny_model["path"], "--data", kk_data["val"], "--k", "2", "--max-new-tokens", "8"]
@@ -140,6 +142,7 @@ def test_a_source_without_an_acc_metric_keeps_its_score_as_accuracy_in_a_mixed_c
             batch = {
                 "data_source": [s["data_source"] for s in chunk],
                 "extra_info": [{} for _ in chunk],
+                "ground_truth": [None for _ in chunk],
                 "responses": torch.tensor([[4, 5, 9], [4, 5, 6]]),
                 "response_mask": torch.ones(len(chunk), 3, dtype=torch.long),
             }
@@ -163,6 +166,7 @@ def test_a_source_without_an_acc_metric_keeps_its_score_as_accuracy_in_a_mixed_c
     assert rows["truncated"] == [0.0, 1.0]
 
 
+@pytest.mark.slow
 def test_responses_cut_at_max_new_tokens_are_counted_and_warned_about(kk_data, tiny_model, tmp_path, capsys):
     """A 3-person trace runs to ~400 tokens: at eval's default 256 it was scored as a format failure
     with nothing saying why (found in review)."""

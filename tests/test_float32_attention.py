@@ -45,6 +45,7 @@ def _forward_backward(model, batch, share_prompt):
     return lp.detach(), grads, kernels.dtypes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share_prompt", [False, True])
 def test_bf16_training_forwards_attend_in_float32_where_switched_on(
     kk_data, tiny_model, tiny_tokenizer, monkeypatch, share_prompt
@@ -71,6 +72,7 @@ def test_bf16_training_forwards_attend_in_float32_where_switched_on(
         assert torch.allclose(g, grads_ref[name], rtol=0.1, atol=0.02 * grads_ref[name].abs().max()), name
 
 
+@pytest.mark.slow
 def test_float32_attention_is_only_inside_lucidrls_context(kk_data, tiny_model, tiny_tokenizer, monkeypatch):
     """transformers' sdpa entry is lucidrl's after the first use, but outside compute_context (a
     user's own autocast) it computes exactly what transformers' own does."""

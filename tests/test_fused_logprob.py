@@ -28,6 +28,7 @@ def _both(logits, labels, **kw):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entropy_grad", [True, False])
 def test_compiled_log_probs_entropy_and_gradients_equal_eager(entropy_grad):
     torch.manual_seed(0)
@@ -70,6 +71,7 @@ def test_bf16_logits_are_divided_by_the_temperature_in_float32(path):
     assert (ent.double() - ref_ent).abs().max() < 1e-3
 
 
+@pytest.mark.slow
 def test_the_actor_with_torch_compile_has_the_eager_log_probs_and_gradient(
     kk_data, tiny_model, tiny_tokenizer
 ):

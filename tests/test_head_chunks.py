@@ -16,6 +16,7 @@ from lucidrl.workers.forward import check_chunkable_head, response_log_probs
 from tests.test_micro_batches import _rollout_with_varied_lengths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share_prompt", [True, False])
 def test_chunked_log_probs_and_entropy_equal_the_whole_batch_path(
     kk_data, tiny_model, tiny_tokenizer, share_prompt
@@ -57,6 +58,7 @@ def test_the_head_never_sees_more_than_a_chunk_of_tokens(kk_data, tiny_model, ti
     assert sum(shape[0] for shape in seen) == int(out["response_mask"].sum())  # response tokens only, once
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entropy_coeff", [0.0, 0.5])
 def test_chunked_update_has_the_whole_batch_gradient(kk_data, tiny_model, tiny_tokenizer, entropy_coeff):
     model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
@@ -128,6 +130,7 @@ def test_models_the_chunked_head_cannot_serve_are_refused(tiny_model):
     )
 
 
+@pytest.mark.slow
 def test_no_logits_are_kept_for_the_backward_pass(kk_data, tiny_model, tiny_tokenizer):
     """With gradients, each chunk is checkpointed: autograd keeps its input, never its (tokens, V) logits."""
     model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)

@@ -191,6 +191,7 @@ def test_train_and_val_share_no_puzzle_and_repeat_none(rows):
     assert not set(train) & set(val)
 
 
+@pytest.mark.slow
 def test_a_puzzle_told_in_another_order_of_people_has_the_same_key():
     from lucidrl.data.kk.generator import TWO_PERSON_PUZZLES, _distinct_puzzles, sample_puzzle
     from lucidrl.data.kk.logic import relabel

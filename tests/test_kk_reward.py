@@ -108,7 +108,7 @@ def test_plain_string_ground_truth():
         ({"answer": "x"}, "keys ['answer']"),
         ({"names": ["Zoey"], "knights": [True, False]}, "1 names"),
         ({"names": ["Zoey"], "knights": ["true"]}, "booleans"),
-        ("Zoey is a knight", "not of the form"),
+        ("(1) 42 is a mystery", "not of the form"),  # no name, no role: Logic-RL skips it
         ("", "names nobody"),
     ],
 )

@@ -47,6 +47,7 @@ def _train(tmp_path, kk_data, tiny_model, run: str, *extra: str) -> PPOTrainer:
     return trainer
 
 
+@pytest.mark.slow
 def test_lora_trains_the_adapters_only_and_saves_a_merged_model(tmp_path, kk_data, tiny_model):
     trainer = _train(
         tmp_path, kk_data, tiny_model, "run", "trainer.total_training_steps=3", "trainer.save_freq=3"
@@ -76,6 +77,7 @@ def test_lora_trains_the_adapters_only_and_saves_a_merged_model(tmp_path, kk_dat
     assert all(torch.allclose(final[k], exported[k], atol=1e-6) for k in final)
 
 
+@pytest.mark.slow
 def test_a_lora_run_resumes_where_an_uninterrupted_one_ends(tmp_path, kk_data, tiny_model):
     straight = _train(tmp_path, kk_data, tiny_model, "straight", "trainer.total_training_steps=4")
     _train(tmp_path, kk_data, tiny_model, "resumed", "trainer.total_training_steps=2", "trainer.save_freq=2")
@@ -97,7 +99,6 @@ def test_a_lora_run_resumes_where_an_uninterrupted_one_ends(tmp_path, kk_data, t
     "overrides, message",
     [
         (["model.lora_rank=-1"], "'model.lora_rank' .* must be >= 0 .0: train every weight."),
-        (["model.lora_rank=8", "rollout.name=vllm"], "generates with the hf engine for now"),
         (["model.lora_rank=8", "trainer.backend=ray"], "trainer.strategy=ddp"),
         (["model.lora_rank=8", "model.target_modules=[]"], "model.target_modules is empty"),
         (["model.lora_rank=8", "model.target_modules=[all-linear,q_proj]"], "'all-linear' stands alone"),

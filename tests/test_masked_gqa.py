@@ -43,6 +43,7 @@ def _log_probs_and_grads(model, batch, share_prompt):
     return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share_prompt", [False, True])
 def test_training_forwards_attend_without_copies_and_compute_the_same(
     kk_data, tiny_model, tiny_tokenizer, kv_copies, monkeypatch, share_prompt

@@ -16,6 +16,7 @@ from lucidrl.models import load_model
 from lucidrl.workers.actor import ActorWorker, per_token_log_probs
 from lucidrl.workers.micro_batches import (
     length_sorted_micro_batches,
+    loss_weights,
     scatter_rows,
     token_budget_micro_batches,
     trim_response_padding,
@@ -54,6 +55,55 @@ def test_trim_cuts_response_columns_only():
     assert t["responses"].shape == (2, 3) and t["advantages"].shape == (2, 3)
 
 
+def _gapped_batch() -> Batch:
+    """Two multi-turn samples: sample 0's loss mask ends at column 1 and a tool reply (a gap) follows
+    up to column 5; sample 1 is 3 tokens, all its own. Rollout correction rejected sample 1's token 0."""
+    attention = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
+    response_mask = torch.tensor([[1, 1, 0, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
+    return Batch(
+        tensors={
+            "prompts": torch.ones(2, 2, dtype=torch.long),
+            "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+            "responses": torch.arange(16).view(2, 8),
+            "response_mask": response_mask,
+            "response_attention_mask": attention,
+            "loss_mask": torch.tensor([[1, 1, 0, 0, 0, 1, 0, 0], [0, 1, 1, 0, 0, 0, 0, 0]]),
+        },
+        non_tensors={"uid": ["a", "b"]},
+    )
+
+
+def test_micro_batches_run_on_real_tokens_and_losses_count_the_loss_mask():
+    b = _gapped_batch()
+    # trimmed to the longest conversation (6), not the last loss token (5) nor the loss-mask count (4)
+    assert trim_response_padding(b)["responses"].shape[1] == 6
+    # sorted by real length: b (3) before a (6), whatever the loss masks hold
+    assert [idx.tolist() for idx, _ in length_sorted_micro_batches(b, 1)] == [[1], [0]]
+    # a budget fits a's prompt and all 6 of its tokens, not 4
+    with pytest.raises(ValueError, match="one sample is 8 tokens"):
+        token_budget_micro_batches(b, 7, length_sorted=True)
+    assert [len(mb) for _, mb in token_budget_micro_batches(b, 8, length_sorted=True)] == [1, 1]
+    # token-mean weights: loss tokens, a's 3 and b's 2 of the 5
+    ubs = [b.select(torch.tensor([0])), b.select(torch.tensor([1]))]
+    assert loss_weights(b, ubs, "token-mean") == pytest.approx([3 / 5, 2 / 5])
+
+
+def test_a_sample_left_out_of_the_loss_is_still_attended_and_measured():
+    from lucidrl.batch import response_attention, response_lengths
+    from lucidrl.trainer.rewards import leave_out_failed
+
+    b = Batch(
+        tensors={
+            "response_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+            "reward_failed": torch.tensor([False, True]),
+        }
+    )
+    out = leave_out_failed(b)
+    assert out["response_mask"].tolist()[1] == [0, 0, 0, 0]
+    assert response_attention(out).tolist()[1] == [1, 1, 0, 0]
+    assert response_lengths(out).tolist() == [3, 2]
+
+
 def test_groups_stay_together_sorted_by_their_longest_response(kk_data, tiny_model, tiny_tokenizer):
     _, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
     chunks = length_sorted_micro_batches(out, 8)
@@ -64,6 +114,7 @@ def test_groups_stay_together_sorted_by_their_longest_response(kk_data, tiny_mod
     assert [mb["responses"].shape[1] for _, mb in chunks] == [15, 20]
 
 
+@pytest.mark.slow
 def test_sorted_log_probs_and_update_match_plain_micro_batches(kk_data, tiny_model, tiny_tokenizer):
     model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
     with torch.no_grad():
@@ -121,6 +172,7 @@ def test_sorted_log_probs_and_update_match_plain_micro_batches(kk_data, tiny_mod
     assert diff(whole, budget) < 1e-6 * max(1.0, size), diff(whole, budget)
 
 
+@pytest.mark.slow
 def test_sum_norm_divides_by_the_max_response_length_however_the_batch_is_cut_or_padded(
     kk_data, tiny_model, tiny_tokenizer
 ):
@@ -187,6 +239,7 @@ def test_sum_norm_divides_by_the_max_response_length_however_the_batch_is_cut_or
     assert diff(whole, gradient(wide, 16, False)[0]) < 1e-6 * max(1.0, size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_seq_mean_gradients_do_not_depend_on_where_an_empty_response_lands(
     kk_data, tiny_model, tiny_tokenizer, mode
@@ -229,6 +282,7 @@ def _tokens(mb):
     return len(mb) * (mb["prompts"].shape[1] + mb["responses"].shape[1])
 
 
+@pytest.mark.slow
 def test_token_budget_packs_short_groups_together_and_splits_only_what_cannot_fit(
     kk_data, tiny_model, tiny_tokenizer
 ):
@@ -263,6 +317,7 @@ def test_token_budget_packs_short_groups_together_and_splits_only_what_cannot_fi
         token_budget_micro_batches(out, prompt + 19, length_sorted=True)
 
 
+@pytest.mark.slow
 def test_token_budget_log_probs_match_fixed_micro_batches(kk_data, tiny_model, tiny_tokenizer):
     model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
     prompt = out["prompts"].shape[1]
@@ -284,6 +339,7 @@ def test_scatter_rows_restores_order_and_width():
     assert scatter_rows(parts, 3, 3).tolist() == [[2, 0, 0], [3, 4, 0], [1, 0, 0]]
 
 
+@pytest.mark.slow
 def test_entropy_is_a_graph_free_metric_unless_it_is_in_the_loss(kk_data, tiny_model, tiny_tokenizer):
     from lucidrl.workers.forward import response_log_probs
 
@@ -309,6 +365,7 @@ def test_entropy_is_a_graph_free_metric_unless_it_is_in_the_loss(kk_data, tiny_m
     assert (grads[0] - grads[1]).abs().max() > 1e-4
 
 
+@pytest.mark.slow
 def test_critic_token_budget_values_and_gradient_match_one_micro_batch(kk_data, tiny_model, tiny_tokenizer):
     from lucidrl.algos import compute_value_loss
     from lucidrl.config.schema import CriticConfig
@@ -355,6 +412,7 @@ def test_critic_token_budget_values_and_gradient_match_one_micro_batch(kk_data, 
     assert (g1 - g3).abs().max() < 1e-6 * max(1.0, g1.abs().max().item())
 
 
+@pytest.mark.slow
 def test_token_mean_metrics_do_not_move_with_the_micro_batching_under_seq_mean(
     kk_data, tiny_model, tiny_tokenizer
 ):

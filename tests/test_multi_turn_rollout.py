@@ -477,6 +477,7 @@ def test_the_vllm_engine_plugs_in_through_its_token_id_generate(tiny_tokenizer):
     engine = VLLMRollout(
         "unused", tok, eos_ids=[end], dtype="float32", gpu_memory_utilization=0.5, max_model_len=4096,
         enable_sleep_mode=False, llm_factory=ScriptedLLM, sampling_params_cls=lambda **kw: types.SimpleNamespace(**kw),
+        cpu=False,  # the GPU path: no vllm import to find out
     )  # fmt: skip
     engine.weights_pushed = True  # the stand-in has no weights to push
     cfg = MultiTurnConfig(enable=True, tools=["calculator"])

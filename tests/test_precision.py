@@ -49,6 +49,7 @@ def _update_batch(kk_data, tiny_model, tiny_tokenizer):
     return model, out
 
 
+@pytest.mark.slow
 def test_bf16_compute_runs_the_update_in_bf16_and_keeps_float32_master_weights(
     kk_data, tiny_model, tiny_tokenizer
 ):
@@ -81,6 +82,7 @@ def test_bf16_compute_runs_the_update_in_bf16_and_keeps_float32_master_weights(
     assert 0 < diff.max() < 0.5, diff.max()
 
 
+@pytest.mark.slow
 def test_rollout_reference_and_critic_forwards_follow_the_compute_dtype(kk_data, tiny_model, tiny_tokenizer):
     model, out = _update_batch(kk_data, tiny_model, tiny_tokenizer)
     samples, _ = load_prompts([kk_data["train"]], tiny_tokenizer, max_prompt_length=2048)

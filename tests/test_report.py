@@ -51,6 +51,7 @@ def _run_dir(tmp_path, records: list[dict], config: str | None = CONFIG):
     return run
 
 
+@pytest.mark.slow
 def test_rl_run_report_has_valid_pngs_and_an_html_page_embedding_them(tmp_path):
     run = _run_dir(tmp_path, _rl_records())
     info = write_report(run)
@@ -76,6 +77,7 @@ def test_rl_run_report_has_valid_pngs_and_an_html_page_embedding_them(tmp_path):
     assert "val/kk_logic/acc/3_people" in page  # captions list the metrics drawn
 
 
+@pytest.mark.slow
 def test_sft_run_report_plots_loss_and_token_accuracy(tmp_path, capsys):
     records = [{"step": s, "sft/loss": 3.0 / s, "timing_s/step": 0.5} for s in range(1, 11)]
     records[4].update({"val/loss": 0.9, "val/token_acc": 0.4})

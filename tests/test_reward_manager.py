@@ -110,3 +110,92 @@ def test_unknown_data_source_is_an_error(tiny_tokenizer):
     batch = _batch(tiny_tokenizer, ["x"], ["1"], data_source="kk_logik")
     with pytest.raises(Exception, match="kk_logik.*kk_logic"):
         RuleRewardManager(tiny_tokenizer).score(batch)
+
+
+FLAKY = """
+import threading
+RELEASE = threading.Event()
+
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    kind = extra_info["kind"]
+    if kind == "raise":
+        raise ZeroDivisionError("flaky reward")
+    if kind == "hang":
+        RELEASE.wait()  # until the test lets it go
+        return 5.0
+    if kind == "nan":
+        return float("nan")
+    return 1.0
+"""
+
+
+def _flaky(tmp_path, tok, kinds, on_error, timeout_s=None):
+    f = tmp_path / "flaky.py"
+    f.write_text(FLAKY)
+    manager = RuleRewardManager.from_config(
+        tok, str(f), "compute_score", on_error=on_error, timeout_s=timeout_s
+    )
+    batch = _batch(tok, ["a"] * len(kinds), [None] * len(kinds), data_source="my_task")
+    batch.set("extra_info", [{"kind": k} for k in kinds])
+    return manager, batch
+
+
+@pytest.mark.parametrize("on_error", ["mask", "zero"])
+def test_a_failing_reward_is_marked_counted_and_its_first_error_shown_once(
+    tmp_path, tiny_tokenizer, caplog, on_error
+):
+    manager, batch = _flaky(tmp_path, tiny_tokenizer, ["ok", "raise", "ok", "raise", "nan"], on_error)
+    out, _ = manager.score(batch)
+    assert out["token_level_scores"].sum(-1).tolist() == [1.0, 0.0, 1.0, 0.0, 0.0]
+    assert out["reward_failed"].tolist() == [False, True, False, True, True]
+    assert not out["reward_timed_out"].any()
+    text = caplog.text
+    # the first exception in full, with its traceback and what happens to such samples; then only counts
+    assert text.count("ZeroDivisionError: flaky reward") == 2  # the message and the traceback's last line
+    assert 'flaky.py", line' in text and "sample 1" in text and "sample 3" not in text
+    assert f"reward.on_error={on_error}" in text and "reward/failed" in text
+    assert text.count("returned nan for sample 4") == 1  # a score that is no number: its own kind, once
+    caplog.clear()
+    manager.score(batch)
+    assert "flaky reward" not in caplog.text
+
+
+def test_on_error_raise_stops_at_the_first_failure_as_before(tmp_path, tiny_tokenizer):
+    manager, batch = _flaky(tmp_path, tiny_tokenizer, ["ok", "raise"], "raise")
+    with pytest.raises(RewardFunctionError, match=r"raised ZeroDivisionError: flaky reward\n.*sample 1"):
+        manager.score(batch)
+
+
+def test_a_reward_past_its_timeout_is_a_failure_and_the_next_samples_still_score(tmp_path, tiny_tokenizer):
+    from lucidrl.rewards.manager import RewardTimeoutError
+
+    manager, batch = _flaky(tmp_path, tiny_tokenizer, ["ok", "hang", "ok", "raise"], "mask", timeout_s=0.2)
+    raising, hanging = _flaky(tmp_path, tiny_tokenizer, ["hang"], "raise", timeout_s=0.2)
+    try:
+        out, _ = manager.score(batch)
+        assert out["reward_failed"].tolist() == [False, True, False, True]
+        assert out["reward_timed_out"].tolist() == [False, True, False, False]
+        assert out["token_level_scores"].sum(-1).tolist() == [1.0, 0.0, 1.0, 0.0]
+        assert manager.caller.abandoned == 1  # its thread still waits; the later samples got a new one
+        with pytest.raises(RewardTimeoutError, match=r"not return within reward.timeout_s=0.2 s on sample 0"):
+            raising.score(hanging)
+    finally:  # each manager imported the file afresh: each has its own event
+        for m in (manager, raising):
+            m.compute_score.__globals__["RELEASE"].set()
+
+
+def test_scoring_progress_is_shown_while_a_sample_hangs(tmp_path, tiny_tokenizer):
+    from rich.console import Console
+
+    from lucidrl.trainer.reward_progress import ScoringProgress
+
+    console = Console(record=True, width=200)
+    manager, batch = _flaky(tmp_path, tiny_tokenizer, ["ok", "hang"], "mask", timeout_s=1.0)
+    manager.progress = ScoringProgress(console, delay_s=0.05, every_s=0.05)
+    try:
+        manager.score(batch)
+    finally:
+        manager.compute_score.__globals__["RELEASE"].set()
+    shown = console.export_text()
+    # printed from a timer thread while sample 2 hung, not after it
+    assert "scoring rewards: 1/2 samples in" in shown and "sample 2 running for" in shown

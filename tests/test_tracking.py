@@ -46,6 +46,7 @@ def _sft(tmp_path, kk_data, tiny_model, steps: int, *extra: str) -> SFTTrainer:
     return trainer
 
 
+@pytest.mark.slow
 def test_every_tracker_gets_the_metrics_and_a_resume_continues_the_same_runs(
     tmp_path, kk_data, tiny_model, trackers_offline, capsys
 ):
@@ -114,6 +115,7 @@ def test_a_tracker_that_is_not_installed_is_a_config_error(monkeypatch):
         load_config(None, ["model.path=/m", "data.train_files=[/t]", "trainer.logger=[neptune]"])
 
 
+@pytest.mark.slow
 def test_a_run_that_raises_is_marked_failed_and_the_next_one_gets_its_own_run(tmp_path, trackers_offline):
     from mlflow.tracking import MlflowClient
 
@@ -148,6 +150,7 @@ def test_metric_names_mlflow_would_refuse_are_made_acceptable(key, name):
     assert mlflow_metric_name(key) == name
 
 
+@pytest.mark.slow
 def test_a_deleted_mlflow_run_or_a_failing_tracker_start_does_not_strand_the_run(
     tmp_path, trackers_offline, caplog, monkeypatch
 ):

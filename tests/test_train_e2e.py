@@ -151,6 +151,7 @@ def test_collapse_warn_reports_once_and_trains_on(tmp_path, kk_data, tiny_model,
     assert capsys.readouterr().out.count("policy collapse detected") == 1
 
 
+@pytest.mark.slow
 def test_a_run_that_raises_stops_its_workers(tmp_path, kk_data, tiny_model):
     """Ray actors and placement groups go with a failed run too, not only a finished one."""
     from lucidrl.config import load_config

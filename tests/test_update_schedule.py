@@ -27,6 +27,7 @@ def rollout(kk_data, tiny_model, tiny_tokenizer):
     return model, out
 
 
+@pytest.mark.slow
 def test_warm_up_counts_rl_steps_and_actor_lr_is_the_rate_the_update_used(rollout):
     model, out = rollout
     # 16 samples, mini-batches of 2 prompts x 4 samples, 2 epochs: 4 optimizer steps per update
@@ -41,6 +42,7 @@ def test_warm_up_counts_rl_steps_and_actor_lr_is_the_rate_the_update_used(rollou
     assert lrs == pytest.approx([2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2])
 
 
+@pytest.mark.slow
 def test_actor_entropy_is_the_sampling_policys_token_mean_over_the_batch(rollout):
     model, out = rollout
     model = copy.deepcopy(model)
@@ -69,6 +71,7 @@ def test_actor_entropy_is_the_sampling_policys_token_mean_over_the_batch(rollout
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_other_loss_modes_also_log_entropy_and_kl_per_token(rollout, mode):
     """verl's actor/entropy and actor/kl_loss are aggregated as the loss is (under seq-mean-token-sum a
@@ -110,6 +113,7 @@ def test_other_loss_modes_also_log_entropy_and_kl_per_token(rollout, mode):
     assert "actor/entropy_token_mean" not in token_mean.update(batch)  # under token-mean it is actor/entropy
 
 
+@pytest.mark.slow
 def test_a_critic_step_with_a_non_finite_gradient_is_skipped_and_counted(rollout, tiny_model):
     _, out = rollout
     cfg = CriticConfig(optim=OptimConfig(lr=1e-3))
@@ -139,6 +143,7 @@ def _without(batch, key):
     )
 
 
+@pytest.mark.slow
 def test_on_policy_update_takes_the_old_log_probs_from_its_own_forward(rollout):
     """One epoch of one mini-batch: no old-log-prob pass, old = the update's log-probs, detached (verl's
     dp_actor on-policy path). Same optimizer step as with the pass, and the rollout gap still measured."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from lucidrl.batch import Batch
@@ -81,6 +82,7 @@ class _TextRollout:
         return prompts
 
 
+@pytest.mark.slow
 def test_batches_of_other_widths_and_a_source_without_acc_are_reported_row_by_row(kk_data, tiny_tokenizer):
     """data.val_batch_size made validation crash (batches' prompts and responses are as wide as their
     longest); and a GSM8K row among K&K rows got the NaN that K&K's "acc" leaves for it, not its score."""

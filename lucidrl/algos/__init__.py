@@ -5,12 +5,12 @@ are looked up by their config name through the registries.
 """
 
 from lucidrl.algos.advantage import (
-    compute_gae_advantage_return,
+    compute_gdpo_outcome_advantage,
+    compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
     compute_opo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
-    compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
 )
@@ -26,20 +26,39 @@ from lucidrl.algos.kl import (
 )
 from lucidrl.algos.logprob import entropy_from_logits, logprobs_from_logits
 from lucidrl.algos.policy_loss import (
-    compute_policy_loss_cispo,
+    compute_policy_loss_geo_mean,
     compute_policy_loss_gspo,
-    compute_policy_loss_reinforce,
     compute_policy_loss_vanilla,
+)
+from lucidrl.algos.policy_loss_bypass import compute_policy_loss_bypass_mode
+from lucidrl.algos.policy_loss_soft import (
+    compute_policy_loss_cispo,
+    compute_policy_loss_reinforce,
+    compute_policy_loss_sapo,
+)
+from lucidrl.algos.policy_loss_trust import (
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_dro,
+    compute_policy_loss_kl_cov,
 )
 from lucidrl.algos.registry import (
     get_advantage_estimator,
     get_policy_loss,
     list_advantage_estimators,
     list_policy_losses,
+    policy_loss_agg_mode,
     register_advantage_estimator,
     register_policy_loss,
 )
+from lucidrl.algos.returns import compute_gae_advantage_return, compute_reinforce_plus_plus_outcome_advantage
 from lucidrl.algos.reward_shaping import dynamic_sampling_keep_mask, overlong_reward_penalty
+from lucidrl.algos.rollout_correction import rollout_correction
+from lucidrl.algos.token_baseline import (
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
+)
 from lucidrl.algos.value_loss import compute_value_loss, explained_variance
 
 __all__ = [
@@ -51,12 +70,24 @@ __all__ = [
     "agg_loss",
     "apply_kl_penalty",
     "compute_gae_advantage_return",
+    "compute_gdpo_outcome_advantage",
+    "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage",
     "compute_opo_outcome_advantage",
+    "compute_optimal_token_baseline_advantage",
+    "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dro",
+    "compute_policy_loss_geo_mean",
     "compute_policy_loss_gspo",
+    "compute_policy_loss_kl_cov",
     "compute_policy_loss_reinforce",
+    "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
@@ -77,6 +108,8 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "overlong_reward_penalty",
+    "policy_loss_agg_mode",
     "register_advantage_estimator",
     "register_policy_loss",
+    "rollout_correction",
 ]

@@ -1,9 +1,11 @@
-"""Advantage estimators: turn rewards into the per-token advantages the policy loss weighs.
+"""Outcome advantage estimators: one score per response, compared with a baseline from its group (the
+other samples of its prompt), the batch, or a greedy sample.
 
 Each estimator is one top-level function registered by name (the `adv_estimator` config value).
-The trainer passes the inputs an estimator's signature names, chosen from: token_level_rewards,
-response_mask, index, values, gamma, lam, norm_adv_by_std_in_grpo, reward_baselines. Every estimator
-returns `(advantages, returns)`, both (bs, response_len), exactly 0 at masked positions, without grad.
+The trainer passes the inputs an estimator's signature names (see trainer/ppo.py: compute_advantage).
+Every estimator returns `(advantages, returns)`, both (bs, response_len), exactly 0 at masked
+positions, without grad. The token-level estimators (GAE, REINFORCE++) are in returns.py, the
+optimal token baselines in token_baseline.py.
 """
 
 from __future__ import annotations
@@ -14,34 +16,45 @@ from typing import Any
 import torch
 
 from lucidrl.algos.aggregation import masked_whiten
+from lucidrl.algos.groups import (
+    broadcast_masked,
+    check_rewards_and_mask,
+    float_dtype,
+    group_codes,
+    group_mean_and_count,
+    group_sums,
+    group_tied,
+    outcome_scores,
+)
 from lucidrl.algos.registry import register_advantage_estimator
 
 
-def _group_codes(index: Any, batch_size: int, device: torch.device) -> tuple[torch.Tensor, int]:
-    """Map arbitrary hashable group ids (str, int, ...) to dense codes 0..n_groups-1, shape (bs,)."""
-    if hasattr(index, "ndim") and index.ndim != 1:
-        raise ValueError(f"index must be 1-D (one group id per sample), got shape {tuple(index.shape)}")
-    keys: Sequence[Hashable] = index.tolist() if hasattr(index, "tolist") else list(index)
-    if len(keys) != batch_size:
-        raise ValueError(
-            f"index has {len(keys)} group ids but token_level_rewards has {batch_size} rows; "
-            "pass one group id (e.g. the prompt uid) per sample"
-        )
-    code_of: dict[Hashable, int] = {}
-    codes = [code_of.setdefault(k, len(code_of)) for k in keys]
-    return torch.tensor(codes, dtype=torch.long, device=device), len(code_of)
+def grpo_scores(
+    scores: torch.Tensor, index: Sequence[Hashable] | Any, norm_adv_by_std_in_grpo: bool, epsilon: float
+) -> torch.Tensor:
+    """(bs,) GRPO's per-sample advantage of `scores` (bs,): (score - group mean) / (group std + epsilon),
+    or without the division; a single-sample group has mean 0 and std 1; a tied group gets exactly 0."""
+    group, n_groups = group_codes(index, scores.shape[0], scores.device)
+    counts = torch.bincount(group, minlength=n_groups).to(scores.dtype)
+    mean = group_sums(scores, group, n_groups) / counts
+    std = torch.sqrt(group_sums((scores - mean[group]) ** 2, group, n_groups) / (counts - 1).clamp(min=1))
 
+    single = counts == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
 
-def _group_tied(scores: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:
-    """(n_groups,) bool: every sample of the group has the same score. Compared as max == min, not by
-    std == 0: the std of equal floats can come out as a tiny non-zero number."""
-    fill = torch.full((n_groups,), float("nan"), dtype=scores.dtype, device=scores.device)
-    high = fill.scatter_reduce(0, group, scores, reduce="amax", include_self=False)
-    low = fill.scatter_reduce(0, group, scores, reduce="amin", include_self=False)
-    return high == low
+    adv = scores - mean[group]
+    if norm_adv_by_std_in_grpo:
+        adv = adv / (std[group] + epsilon)
+    # A tied group's mean is off by rounding (16 x 0.7 in float32: |score - mean| ~ 6e-8), and the
+    # std it gives is as small, so the quotient would be up to ~0.1 with one sign for the whole
+    # group. Compare the scores themselves instead: a group whose max equals its min gets exactly 0.
+    tied = group_tied(scores, group, n_groups) & ~single
+    return torch.where(tied[group], torch.zeros_like(adv), adv)
 
 
 @register_advantage_estimator("grpo")
+@register_advantage_estimator("grpo_vectorized")
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -62,6 +75,10 @@ def compute_grpo_outcome_advantage(
     A group of a single sample has no baseline: following verl it gets mean 0 and std 1, so its
     advantage is its raw score / (1 + epsilon) — sample several responses per prompt.
 
+    Also registered as `grpo_vectorized`, verl's name for the same formula computed without a Python
+    loop (verl's variance there is sum-of-squares based, so its last digits differ; this one is
+    already vectorized).
+
     GRPO: https://arxiv.org/abs/2402.03300 (DeepSeekMath, section 4.1).
     Dr.GRPO (no std normalisation): https://arxiv.org/abs/2503.20783.
 
@@ -76,189 +93,111 @@ def compute_grpo_outcome_advantage(
         advantages: (bs, response_len), float32 (float64 if the rewards are float64).
         returns: (bs, response_len), equal to advantages (GRPO has no value function).
     """
-    if token_level_rewards.shape != response_mask.shape or token_level_rewards.ndim != 2:
-        raise ValueError(
-            "compute_grpo_outcome_advantage: token_level_rewards and response_mask must both be "
-            f"(bs, response_len), got {tuple(token_level_rewards.shape)} and {tuple(response_mask.shape)}"
-        )
+    check_rewards_and_mask("compute_grpo_outcome_advantage", token_level_rewards, response_mask)
     with torch.no_grad():
-        dtype = torch.promote_types(token_level_rewards.dtype, torch.float32)
-        scores = token_level_rewards.to(dtype).sum(dim=-1)  # (bs,)
-        group, n_groups = _group_codes(index, scores.shape[0], scores.device)
-
-        counts = torch.bincount(group, minlength=n_groups).to(dtype)
-        mean = torch.zeros(n_groups, dtype=dtype, device=scores.device).index_add_(0, group, scores) / counts
-        sq_dev = torch.zeros_like(mean).index_add_(0, group, (scores - mean[group]) ** 2)
-        std = torch.sqrt(sq_dev / (counts - 1).clamp(min=1))
-
-        single = counts == 1
-        mean = torch.where(single, torch.zeros_like(mean), mean)
-        std = torch.where(single, torch.ones_like(std), std)
-
-        adv = scores - mean[group]
-        if norm_adv_by_std_in_grpo:
-            adv = adv / (std[group] + epsilon)
-        # A tied group's mean is off by rounding (16 x 0.7 in float32: |score - mean| ~ 6e-8), and the
-        # std it gives is as small, so the quotient would be up to ~0.1 with one sign for the whole
-        # group. Compare the scores themselves instead: a group whose max equals its min gets exactly 0.
-        tied = _group_tied(scores, group, n_groups) & ~single
-        adv = torch.where(tied[group], torch.zeros_like(adv), adv)
+        adv = grpo_scores(outcome_scores(token_level_rewards), index, norm_adv_by_std_in_grpo, epsilon)
         # where, not multiply: masked positions become exactly +0.0 (a product would give -0.0 or NaN).
-        advantages = torch.where(response_mask.bool(), adv.unsqueeze(-1), 0.0)
+        advantages = broadcast_masked(adv, response_mask)
     return advantages, advantages.clone()
 
 
-# ------------------------------------------------------------------------------------------ helpers
-
-
-def _check_rewards_and_mask(
-    fn_name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor
-) -> None:
-    if token_level_rewards.shape != response_mask.shape or token_level_rewards.ndim != 2:
-        raise ValueError(
-            f"{fn_name}: token_level_rewards and response_mask must both be (bs, response_len), got "
-            f"{tuple(token_level_rewards.shape)} and {tuple(response_mask.shape)}"
-        )
-
-
-def _check_unit_interval(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1] (config key algorithm.{name}), got {value}")
-
-
-def _float_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(t.dtype, torch.float32)
-
-
-def _outcome_scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
-    """(bs,) sum of each sample's token rewards, in float32 or wider."""
-    return token_level_rewards.to(_float_dtype(token_level_rewards)).sum(dim=-1)
-
-
-def _group_sums(values: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:
-    """(n_groups,) sum of `values` (bs,) over the samples of each group."""
-    return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, group, values)
-
-
-def _group_mean_and_count(
-    scores: torch.Tensor, group: torch.Tensor, n_groups: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(n_groups,) mean score and sample count per group (every code 0..n_groups-1 has >= 1 sample)."""
-    counts = torch.bincount(group, minlength=n_groups).to(scores.dtype)
-    return _group_sums(scores, group, n_groups) / counts, counts
-
-
-def _broadcast_masked(per_sample: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(bs,) -> (bs, response_len) on unmasked tokens, exactly +0.0 elsewhere."""
-    return torch.where(response_mask.bool(), per_sample.unsqueeze(-1), 0.0)
-
-
-# -------------------------------------------------------------------------------- token-level (PPO)
-
-
-@register_advantage_estimator("gae")
-def compute_gae_advantage_return(
-    token_level_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized Advantage Estimation over the response tokens, with a critic's values (PPO).
-
-    Backwards over the unmasked tokens t of each row (t' = the next unmasked token, V(t') = 0 past
-    the last one):
-        delta_t = r_t + gamma * V(t') - V(t)
-        A_t     = delta_t + gamma * lam * A(t')
-        returns = A + V                     (the critic's regression target, unwhitened)
-        advantages = masked_whiten(A)       (zero mean, unit variance over all unmasked tokens)
-    Masked tokens (padding, tool output) are skipped: they neither bootstrap nor accumulate, as in
-    verl. With gamma = lam = 1, returns - values = (reward-to-go - V), the Monte-Carlo advantage.
-
-    GAE: https://arxiv.org/abs/1506.02438. PPO: https://arxiv.org/abs/1707.06347.
-
-    Args:
-        token_level_rewards: (bs, response_len) per-token rewards (outcome score on the last token,
-            minus a KL penalty if one is applied to the reward).
-        values: (bs, response_len) critic values V(t) of the rollout.
-        response_mask: (bs, response_len) 0/1, 1 on generated tokens.
-        gamma: discount in [0, 1].
-        lam: GAE lambda in [0, 1]; 1 is Monte-Carlo (high variance), 0 is one-step TD (high bias).
-
-    Returns:
-        advantages: (bs, response_len) whitened over the batch, 0 at masked positions.
-        returns: (bs, response_len) unwhitened A + V, 0 at masked positions.
-    """
-    _check_rewards_and_mask("compute_gae_advantage_return", token_level_rewards, response_mask)
-    if values.shape != token_level_rewards.shape:
-        raise ValueError(
-            f"compute_gae_advantage_return: values {tuple(values.shape)} must match token_level_rewards "
-            f"{tuple(token_level_rewards.shape)}"
-        )
-    _check_unit_interval("gamma", gamma)
-    _check_unit_interval("lam", lam)
-    with torch.no_grad():
-        dtype = _float_dtype(token_level_rewards)
-        rewards, v = token_level_rewards.to(dtype), values.to(dtype)
-        valid = response_mask.bool()
-        next_value = torch.zeros(rewards.shape[0], dtype=dtype, device=rewards.device)
-        last_gae = torch.zeros_like(next_value)
-        gae = torch.zeros_like(rewards)
-        for t in reversed(range(rewards.shape[1])):
-            delta = rewards[:, t] + gamma * next_value - v[:, t]
-            # where, not arithmetic with the mask: a NaN value on a padded token must not leak in.
-            next_value = torch.where(valid[:, t], v[:, t], next_value)
-            last_gae = torch.where(valid[:, t], delta + gamma * lam * last_gae, last_gae)
-            gae[:, t] = last_gae
-        returns = torch.where(valid, gae + v, 0.0)
-        advantages = torch.where(valid, masked_whiten(gae, response_mask), 0.0)
-    return advantages, returns
-
-
-@register_advantage_estimator("reinforce_plus_plus")
-def compute_reinforce_plus_plus_outcome_advantage(
+@register_advantage_estimator("gpg")
+def compute_gpg_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
-    gamma: float = 1.0,
+    index: Sequence[Hashable] | Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++: discounted reward-to-go per token, whitened over the whole batch (no critic).
+    """GPG: the group-centred score, scaled up by the batch's share of samples that scored non-zero.
 
-        G_t = r_t + gamma * G_{t+1}   on unmasked tokens; G = 0 at a masked token, which also cuts
-                                      the sum (rewards after a masked token do not flow back past it)
-        advantages = masked_whiten(G) over every unmasked token of the batch, 0 at masked tokens.
+        alpha = bs / max(1, number of samples whose score is non-zero)
+        A_i   = alpha * (score_i - mean_{j in group(i)} score_j)       (no std division)
+    broadcast to the response tokens, 0 at masked tokens. A single-sample group has baseline 0, a
+    tied group gets exactly 0 (verl's loop gives float noise there).
 
-    Whitening across the batch (not per prompt) is what distinguishes it from GRPO; with the KL
-    penalty usually folded into token_level_rewards it is the token-level KL variant of the paper.
+    The paper's correction alpha = B / (B - M) rescales the gradient for the M samples that carry no
+    signal; verl 0.9.1 (whose numbers this matches) counts the samples whose *score* is non-zero
+    instead, which is the same count for 0/1 rewards only when every rewarded sample sits in a mixed
+    group. Pair with `actor.policy_loss=gpg` (plain -A * log_prob, no ratio).
 
-    REINFORCE++: https://arxiv.org/abs/2501.03262.
+    GPG: https://arxiv.org/abs/2504.02546.
 
     Args:
         token_level_rewards: (bs, response_len).
         response_mask: (bs, response_len) 0/1.
-        gamma: discount in [0, 1].
+        index: (bs,) group id per sample.
 
     Returns:
-        advantages: (bs, response_len) whitened G, 0 at masked positions.
-        returns: (bs, response_len) G (unwhitened), 0 at masked positions.
+        advantages: (bs, response_len); returns: the same tensor (copy).
     """
-    _check_rewards_and_mask(
-        "compute_reinforce_plus_plus_outcome_advantage", token_level_rewards, response_mask
-    )
-    _check_unit_interval("gamma", gamma)
+    check_rewards_and_mask("compute_gpg_outcome_advantage", token_level_rewards, response_mask)
     with torch.no_grad():
-        dtype = _float_dtype(token_level_rewards)
-        rewards = token_level_rewards.to(dtype)
-        valid = response_mask.bool()
-        running = torch.zeros(rewards.shape[0], dtype=dtype, device=rewards.device)
-        returns = torch.zeros_like(rewards)
-        for t in reversed(range(rewards.shape[1])):
-            running = torch.where(valid[:, t], rewards[:, t] + gamma * running, 0.0)
-            returns[:, t] = running
-        advantages = torch.where(valid, masked_whiten(returns, response_mask), 0.0)
-    return advantages, returns
+        scores = outcome_scores(token_level_rewards)
+        alpha = scores.shape[0] / max(1, int(torch.count_nonzero(scores)))
+        adv = alpha * grpo_scores(scores, index, norm_adv_by_std_in_grpo=False, epsilon=0.0)
+        advantages = broadcast_masked(adv, response_mask)
+    return advantages, advantages.clone()
 
 
-# ------------------------------------------------------------------------- outcome, group baselines
+@register_advantage_estimator("gdpo")
+def compute_gdpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Hashable] | Any,
+    *,
+    reward_components: torch.Tensor | None = None,
+    reward_weights: Sequence[float] | None = None,
+    norm_adv_by_std_in_grpo: bool = True,
+    epsilon: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO: each reward component normalised within its group on its own, then summed and whitened.
+
+        A_k,i = GRPO(component k)_i       (group mean and std of that component alone)
+        A_i   = sum_k w_k * A_k,i          broadcast to the response tokens
+        advantages = masked_whiten(A) over every unmasked token of the batch, 0 at masked tokens.
+
+    Summing the components first (GRPO on the total) lets the one with the widest spread drown the
+    others; normalising each first gives every component the same say, scaled by its weight.
+    Without components it is GRPO on the total score followed by the batch whitening.
+
+    GDPO: https://arxiv.org/abs/2601.05242.
+
+    Args:
+        token_level_rewards: (bs, response_len); used only when `reward_components` is None.
+        response_mask: (bs, response_len) 0/1.
+        index: (bs,) group id per sample.
+        reward_components: (bs, K) one column per component (algorithm.gdpo_reward_keys), or None.
+        reward_weights: K weights (algorithm.gdpo_reward_weights); None: all 1.
+        norm_adv_by_std_in_grpo, epsilon: as for GRPO, per component.
+
+    Returns:
+        advantages: (bs, response_len); returns: the same tensor (copy).
+    """
+    check_rewards_and_mask("compute_gdpo_outcome_advantage", token_level_rewards, response_mask)
+    bs = token_level_rewards.shape[0]
+    if reward_components is None:
+        components = outcome_scores(token_level_rewards).unsqueeze(-1)
+    else:
+        if reward_components.ndim != 2 or reward_components.shape[0] != bs:
+            raise ValueError(
+                f"compute_gdpo_outcome_advantage: reward_components must be ({bs}, K), one column per "
+                f"component, got {tuple(reward_components.shape)}"
+            )
+        components = reward_components.to(torch.promote_types(reward_components.dtype, torch.float32))
+    k = components.shape[1]
+    weights = [1.0] * k if reward_weights is None else [float(w) for w in reward_weights]
+    if len(weights) != k:
+        raise ValueError(
+            f"gdpo has {k} reward component(s) but {len(weights)} weight(s) (algorithm.gdpo_reward_keys and "
+            "algorithm.gdpo_reward_weights must have the same length)"
+        )
+    with torch.no_grad():
+        total = sum(
+            w * grpo_scores(components[:, j], index, norm_adv_by_std_in_grpo, epsilon)
+            for j, w in enumerate(weights)
+        )
+        summed = broadcast_masked(total, response_mask)
+        advantages = torch.where(response_mask.bool(), masked_whiten(summed, response_mask), 0.0)
+    return advantages, advantages.clone()
 
 
 @register_advantage_estimator("reinforce_plus_plus_baseline")
@@ -287,20 +226,21 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     Returns:
         advantages: (bs, response_len); returns: the same tensor (copy).
     """
-    _check_rewards_and_mask(
+    check_rewards_and_mask(
         "compute_reinforce_plus_plus_baseline_outcome_advantage", token_level_rewards, response_mask
     )
     with torch.no_grad():
-        scores = _outcome_scores(token_level_rewards)
-        group, n_groups = _group_codes(index, scores.shape[0], scores.device)
-        mean, counts = _group_mean_and_count(scores, group, n_groups)
+        scores = outcome_scores(token_level_rewards)
+        group, n_groups = group_codes(index, scores.shape[0], scores.device)
+        mean, counts = group_mean_and_count(scores, group, n_groups)
         mean = torch.where(counts == 1, torch.zeros_like(mean), mean)
-        centred = _broadcast_masked(scores - mean[group], response_mask)
+        centred = broadcast_masked(scores - mean[group], response_mask)
         advantages = torch.where(response_mask.bool(), masked_whiten(centred, response_mask), 0.0)
     return advantages, advantages.clone()
 
 
 @register_advantage_estimator("rloo")
+@register_advantage_estimator("rloo_vectorized")
 def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -312,7 +252,11 @@ def compute_rloo_outcome_advantage(
         A_i = score_i - (sum_{j != i} score_j) / (n - 1)  =  n / (n - 1) * (score_i - mean)
     (verl writes the right-hand form; the two are the same number). A is broadcast to the response
     tokens, 0 at masked tokens; it sums to zero within each group. No std normalisation.
-    A group of a single sample has no "others": following verl its advantage is its raw score.
+    A group of a single sample has no "others": following verl's `rloo` its advantage is its raw score.
+
+    Also registered as `rloo_vectorized`, verl's loop-free name for it. verl's `rloo_vectorized` gives
+    a single-sample group 0 instead of its raw score; here both names give the raw score (the config
+    loader asks for rollout.n >= 2 with either, so no group has a single sample in training).
 
     RLOO: https://arxiv.org/abs/2402.14740 (Ahmadian et al., "Back to Basics").
 
@@ -324,14 +268,14 @@ def compute_rloo_outcome_advantage(
     Returns:
         advantages: (bs, response_len); returns: the same tensor (copy).
     """
-    _check_rewards_and_mask("compute_rloo_outcome_advantage", token_level_rewards, response_mask)
+    check_rewards_and_mask("compute_rloo_outcome_advantage", token_level_rewards, response_mask)
     with torch.no_grad():
-        scores = _outcome_scores(token_level_rewards)
-        group, n_groups = _group_codes(index, scores.shape[0], scores.device)
-        mean, counts = _group_mean_and_count(scores, group, n_groups)
+        scores = outcome_scores(token_level_rewards)
+        group, n_groups = group_codes(index, scores.shape[0], scores.device)
+        mean, counts = group_mean_and_count(scores, group, n_groups)
         n = counts[group]
         loo = (scores - mean[group]) * n / (n - 1).clamp(min=1)
-        advantages = _broadcast_masked(torch.where(n > 1, loo, scores), response_mask)
+        advantages = broadcast_masked(torch.where(n > 1, loo, scores), response_mask)
     return advantages, advantages.clone()
 
 
@@ -360,18 +304,18 @@ def compute_opo_outcome_advantage(
     Returns:
         advantages: (bs, response_len); returns: the same tensor (copy).
     """
-    _check_rewards_and_mask("compute_opo_outcome_advantage", token_level_rewards, response_mask)
+    check_rewards_and_mask("compute_opo_outcome_advantage", token_level_rewards, response_mask)
     with torch.no_grad():
-        scores = _outcome_scores(token_level_rewards)
+        scores = outcome_scores(token_level_rewards)
         lengths = response_mask.to(scores.dtype).sum(dim=-1)
-        group, n_groups = _group_codes(index, scores.shape[0], scores.device)
+        group, n_groups = group_codes(index, scores.shape[0], scores.device)
         counts = torch.bincount(group, minlength=n_groups)
-        weighted = _group_sums(lengths * scores, group, n_groups)
-        total_len = _group_sums(lengths, group, n_groups)
+        weighted = group_sums(lengths * scores, group, n_groups)
+        total_len = group_sums(lengths, group, n_groups)
         # A group whose responses are all empty has no unmasked token to carry an advantage anyway.
         baseline = torch.where(total_len > 0, weighted / total_len.clamp(min=1e-12), 0.0)
         baseline = torch.where(counts == 1, torch.zeros_like(baseline), baseline)
-        advantages = _broadcast_masked(scores - baseline[group], response_mask)
+        advantages = broadcast_masked(scores - baseline[group], response_mask)
     return advantages, advantages.clone()
 
 
@@ -404,11 +348,11 @@ def compute_grpo_passk_outcome_advantage(
     Returns:
         advantages: (bs, response_len); returns: the same tensor (copy).
     """
-    _check_rewards_and_mask("compute_grpo_passk_outcome_advantage", token_level_rewards, response_mask)
+    check_rewards_and_mask("compute_grpo_passk_outcome_advantage", token_level_rewards, response_mask)
     with torch.no_grad():
-        scores = _outcome_scores(token_level_rewards)
-        group, n_groups = _group_codes(index, scores.shape[0], scores.device)
-        mean, counts = _group_mean_and_count(scores, group, n_groups)
+        scores = outcome_scores(token_level_rewards)
+        group, n_groups = group_codes(index, scores.shape[0], scores.device)
+        mean, counts = group_mean_and_count(scores, group, n_groups)
         if bool((counts < 2).any()):
             keys = index.tolist() if hasattr(index, "tolist") else list(index)
             lonely = sorted({str(keys[i]) for i in range(len(keys)) if counts[group[i]] < 2})
@@ -424,10 +368,10 @@ def compute_grpo_passk_outcome_advantage(
         best, runner_up = order[starts], order[starts + 1]
         margin = scores[best] - scores[runner_up]
         if norm_adv_by_std_in_grpo:
-            std = torch.sqrt(_group_sums((scores - mean[group]) ** 2, group, n_groups) / (counts - 1))
+            std = torch.sqrt(group_sums((scores - mean[group]) ** 2, group, n_groups) / (counts - 1))
             margin = margin / (std + epsilon)
         per_sample = torch.zeros_like(scores).index_copy_(0, best, margin)
-        advantages = _broadcast_masked(per_sample, response_mask)
+        advantages = broadcast_masked(per_sample, response_mask)
     return advantages, advantages.clone()
 
 
@@ -454,7 +398,7 @@ def compute_remax_outcome_advantage(
     Returns:
         advantages: (bs, response_len); returns: (bs, response_len).
     """
-    _check_rewards_and_mask("compute_remax_outcome_advantage", token_level_rewards, response_mask)
+    check_rewards_and_mask("compute_remax_outcome_advantage", token_level_rewards, response_mask)
     if reward_baselines is None:
         raise ValueError(
             "adv_estimator remax needs reward_baselines (bs,): the score of a greedy response per prompt, "
@@ -468,7 +412,7 @@ def compute_remax_outcome_advantage(
         )
     with torch.no_grad():
         valid = response_mask.bool()
-        rewards = torch.where(valid, token_level_rewards.to(_float_dtype(token_level_rewards)), 0.0)
+        rewards = torch.where(valid, token_level_rewards.to(float_dtype(token_level_rewards)), 0.0)
         returns = torch.where(valid, rewards.flip(-1).cumsum(-1).flip(-1), 0.0)
         baseline = reward_baselines.to(device=returns.device, dtype=returns.dtype).unsqueeze(-1)
         advantages = torch.where(valid, returns - baseline, 0.0)

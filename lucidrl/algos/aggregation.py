@@ -2,7 +2,8 @@
 
 The aggregation mode decides how much each token and each sequence weighs in the gradient, which is
 an algorithmic choice, not a detail: GRPO's paper uses seq-mean-token-mean, DAPO token-mean, and
-Dr.GRPO (https://arxiv.org/abs/2503.20783) seq-mean-token-sum-norm to remove the length bias.
+Dr.GRPO (https://arxiv.org/abs/2503.20783) seq-mean-token-sum-norm to remove the length bias;
+token-sum (verl 0.9.1) sums every token of the batch, so the loss scale grows with the batch.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 
 LOSS_AGG_MODES: tuple[str, ...] = (
     "token-mean",
+    "token-sum",
     "seq-mean-token-sum",
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
@@ -73,19 +75,28 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) 
     return whitened
 
 
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    loss_scale_factor: float | None = None,
+) -> torch.Tensor:
     """Aggregate a per-token loss into the scalar that is back-propagated.
 
     Modes (`m` = mask, `T` = loss_mask.shape[-1], the padded response length):
         token-mean:              sum(loss * m) / sum(m) — every token in the batch weighs the same.
+        token-sum:               sum(loss * m) — every token weighs 1, the loss grows with the batch.
         seq-mean-token-sum:      mean over sequences of sum_t(loss * m).
         seq-mean-token-mean:     mean over sequences of the per-sequence masked mean.
-        seq-mean-token-sum-norm: mean over sequences of sum_t(loss * m) / T — Dr.GRPO's constant
+        seq-mean-token-sum-norm: mean over sequences of sum_t(loss * m) / D — Dr.GRPO's constant
                                  normaliser, no length bias, as the paper and TRL's "dr_grpo" define it.
-                                 T must then be the same every step: the workers pad the loss inputs to
-                                 data.max_response_length (`pad_response_width`). verl divides the sum
-                                 by T alone, not by the number of sequences, so its loss grows with
-                                 the micro-batch and its scale depends on how the mini-batch is cut.
+                                 D is `loss_scale_factor` (actor.loss_scale_factor) when given, else T,
+                                 which must then be the same every step: the workers pad the loss inputs
+                                 to data.max_response_length (`pad_response_width`). verl 0.9.1 divides
+                                 the token sums by the mini-batch's sample count (ppo_mini_batch_size x
+                                 rollout.n, empty responses included) and then by loss_scale_factor,
+                                 which defaults to the micro-batch's padded width: its divisor changes
+                                 with how the batch is cut unless loss_scale_factor is set.
 
     Sequences whose mask is all zero are left out of the seq-mean modes' mean; when nothing is
     unmasked every mode returns 0, still attached to the graph, instead of NaN.
@@ -94,6 +105,7 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
         loss_mat: (bs, response_len) per-token loss.
         loss_mask: (bs, response_len) 0/1, 1 on tokens that count.
         loss_agg_mode: one of LOSS_AGG_MODES.
+        loss_scale_factor: > 0, seq-mean-token-sum-norm's divisor D; None: the mask's width T.
 
     Returns:
         scalar tensor.
@@ -104,26 +116,33 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
         raise ValueError(
             f"agg_loss: loss_mat shape {tuple(loss_mat.shape)} != loss_mask shape {tuple(loss_mask.shape)}"
         )
+    if loss_scale_factor is not None and not loss_scale_factor > 0:
+        raise ValueError(f"loss_scale_factor must be > 0 (actor.loss_scale_factor), got {loss_scale_factor}")
     mask = loss_mask.to(loss_mat.dtype)
     masked = loss_mat * mask
 
     if loss_agg_mode == "token-mean":
         return _safe_div(masked.sum(), mask.sum())
+    if loss_agg_mode == "token-sum":
+        return masked.sum()
 
     tokens_per_seq = mask.sum(dim=-1)
     seq_losses = masked.sum(dim=-1)
     if loss_agg_mode == "seq-mean-token-mean":
         seq_losses = _safe_div(seq_losses, tokens_per_seq)
     elif loss_agg_mode == "seq-mean-token-sum-norm":
-        seq_losses = seq_losses / loss_mask.shape[-1]
+        seq_losses = seq_losses / (loss_scale_factor or loss_mask.shape[-1])
     nonempty = (tokens_per_seq > 0).to(loss_mat.dtype)
     return _safe_div((seq_losses * nonempty).sum(), nonempty.sum())
 
 
-def norm_width(loss_agg_mode: str, response_length: int | None) -> int | None:
+def norm_width(
+    loss_agg_mode: str, response_length: int | None, loss_scale_factor: float | None = None
+) -> int | None:
     """The width the loss inputs are padded to: data.max_response_length under
-    seq-mean-token-sum-norm (its constant divisor), None (no padding) under every other mode."""
-    if loss_agg_mode != "seq-mean-token-sum-norm":
+    seq-mean-token-sum-norm (its constant divisor) unless a loss_scale_factor gives the divisor, None
+    (no padding) otherwise."""
+    if loss_agg_mode != "seq-mean-token-sum-norm" or loss_scale_factor is not None:
         return None
     if response_length is None:
         raise ValueError(

@@ -13,7 +13,22 @@ import torch
 
 from lucidrl.algos.aggregation import masked_mean
 
-KL_PENALTY_KINDS: tuple[str, ...] = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+_BASE_KL_KINDS: tuple[str, ...] = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+# "<kind>+": the value of <kind>, the gradient of k2 (verl 0.9.1's straight-through kinds)
+KL_PENALTY_KINDS: tuple[str, ...] = _BASE_KL_KINDS + tuple(f"{k}+" for k in _BASE_KL_KINDS)
+
+
+def _kl_value(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind in ("k1", "kl"):
+        return log_prob - ref_log_prob
+    if kind == "abs":
+        return (log_prob - ref_log_prob).abs()
+    if kind in ("k2", "mse"):
+        return 0.5 * (log_prob - ref_log_prob).square()
+    if kind in ("k3", "low_var_kl"):
+        log_ratio = torch.clamp(ref_log_prob - log_prob, min=-20.0, max=20.0)
+        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, min=-10.0, max=10.0)
+    raise ValueError(f"Unknown KL penalty kind {kind!r}; valid kinds: {list(KL_PENALTY_KINDS)}")
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
@@ -26,8 +41,13 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) ->
         "k3" / "low_var_kl": exp(-d) + d - 1            unbiased, low variance, >= 0; clamped to
                              [-10, 10] (and -d to [-20, 20] before exp) so one outlier token
                              cannot dominate the loss or overflow.
+        "<kind>+" (k1+, abs+, k3+, low_var_kl+, ...): the value of <kind> with the gradient of k2,
+                             0.5 * d**2 (straight through: k2 - sg[k2] + sg[<kind>]). As a loss term, k1's
+                             and k3's expected gradients are not KL's gradient; k2's is, so "+" keeps the
+                             reported value of the estimator and descends on the right gradient.
+                             "k2+" / "mse+" are k2 itself.
 
-    http://joschu.net/blog/kl-approx.html
+    http://joschu.net/blog/kl-approx.html; the "+" kinds are verl 0.9.1's.
 
     Args:
         log_prob: (bs, response_len) log-probs of the sampled tokens under the policy.
@@ -42,16 +62,14 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) ->
             f"kl_penalty: log_prob shape {tuple(log_prob.shape)} != ref_log_prob shape "
             f"{tuple(ref_log_prob.shape)}"
         )
-    if kind in ("k1", "kl"):
-        return log_prob - ref_log_prob
-    if kind == "abs":
-        return (log_prob - ref_log_prob).abs()
-    if kind in ("k2", "mse"):
-        return 0.5 * (log_prob - ref_log_prob).square()
-    if kind in ("k3", "low_var_kl"):
-        log_ratio = torch.clamp(ref_log_prob - log_prob, min=-20.0, max=20.0)
-        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, min=-10.0, max=10.0)
-    raise ValueError(f"Unknown KL penalty kind {kind!r}; valid kinds: {list(KL_PENALTY_KINDS)}")
+    if kind not in KL_PENALTY_KINDS:
+        raise ValueError(f"Unknown KL penalty kind {kind!r}; valid kinds: {list(KL_PENALTY_KINDS)}")
+    if not kind.endswith("+"):
+        return _kl_value(log_prob, ref_log_prob, kind)
+    value = _kl_value(log_prob, ref_log_prob, kind[:-1])
+    k2 = 0.5 * (log_prob - ref_log_prob).square()
+    # value exactly: k2 - k2 is 0 in floating point, so the sum is `value` to the last bit
+    return k2 - k2.detach() + value.detach()
 
 
 KL_CONTROLLER_KINDS: tuple[str, ...] = ("fixed", "adaptive")
@@ -145,7 +163,8 @@ def apply_kl_penalty(
         ref_log_prob: (bs, response_len) reference model log-probs.
         response_mask: (bs, response_len) 0/1.
         kl_coef: penalty coefficient (a controller's .value).
-        kind: one of KL_PENALTY_KINDS (verl's default for the reward penalty is "kl", i.e. k1).
+        kind: one of KL_PENALTY_KINDS (verl's default for the reward penalty is "kl", i.e. k1; a "+"
+            kind's value is its base kind's, no gradient flows here).
 
     Returns:
         token_level_rewards: (bs, response_len), computed without grad.

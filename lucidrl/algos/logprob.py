@@ -74,3 +74,25 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     if temperature == 1.0:
         return _rowwise_float32(_entropy, logits)
     return _rowwise_float32(lambda x: _entropy(x / temperature), logits)
+
+
+def _sum_squares(x: torch.Tensor) -> torch.Tensor:
+    return torch.exp(torch.logsumexp(2.0 * x, dim=-1) - 2.0 * torch.logsumexp(x, dim=-1))
+
+
+def sum_pi_squared_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """sum_v pi(v)^2 of softmax(logits / temperature) at each position, in float32 (the division after
+    the upcast), without forming the probabilities: exp(logsumexp(2x) - 2 logsumexp(x)).
+
+    The optimal token baselines weight each token by 1 - 2 pi(y) + sum_v pi(v)^2, the squared norm of
+    the score function with respect to the logits (lucidrl.algos.token_baseline).
+
+    Args:
+        logits: (bs, T, V) any float dtype.
+
+    Returns:
+        (bs, T) float32 (float64 for float64 logits), in (0, 1].
+    """
+    if temperature == 1.0:
+        return _rowwise_float32(_sum_squares, logits)
+    return _rowwise_float32(lambda x: _sum_squares(x / temperature), logits)

@@ -2,6 +2,15 @@
 
 Each loss is one top-level function registered by name (the `policy_loss` config value) and returns
 `(loss, metrics)`; metric names are the ones users grep for under `actor/` (pg_clipfrac, ppo_kl, ...).
+The actor passes each loss the keyword arguments its signature names (clip ratios, loss_agg_mode,
+loss_scale_factor, rollout_is_weights, and a loss's own keys such as tau_pos). `rollout_is_weights`
+(bs, response_len), from rollout correction (rollout_correction.py), multiplies the per-token loss
+before aggregation, as in verl 0.9.1.
+
+Here the losses that clip a ratio (PPO's per token, GSPO's per sequence, GMPO's geometric mean);
+those that keep every token's gradient (CISPO, REINFORCE / GPG, SAPO) are in policy_loss_soft.py,
+those that bound the update by masking or penalising tokens instead (DPPO, Clip-Cov, KL-Cov, DRO)
+in policy_loss_trust.py.
 """
 
 from __future__ import annotations
@@ -12,10 +21,15 @@ from lucidrl.algos.aggregation import agg_loss, masked_mean
 from lucidrl.algos.registry import register_policy_loss
 
 
-def _check_same_shape(**tensors: torch.Tensor) -> None:
-    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+def check_same_shape(**tensors: torch.Tensor | None) -> None:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items() if t is not None}
     if len(set(shapes.values())) != 1:
         raise ValueError(f"policy loss inputs must all be (bs, response_len); got shapes {shapes}")
+
+
+def weighted(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    """The per-token loss times the rollout-correction importance weights (detached), when there are any."""
+    return pg_losses if rollout_is_weights is None else pg_losses * rollout_is_weights.detach()
 
 
 @register_policy_loss("vanilla")
@@ -29,6 +43,8 @@ def compute_policy_loss_vanilla(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate loss with asymmetric clip range and dual clip.
 
@@ -51,7 +67,9 @@ def compute_policy_loss_vanilla(
         clip_ratio_low: r is clipped below at 1 - clip_ratio_low; in [0, 1).
         clip_ratio_high: r is clipped above at 1 + clip_ratio_high; >= 0.
         clip_ratio_c: dual-clip bound for negative advantages; must be > 1.
-        loss_agg_mode: see `agg_loss`.
+        loss_agg_mode, loss_scale_factor: see `agg_loss`.
+        rollout_is_weights: (bs, response_len) rollout-correction weights multiplying the per-token loss,
+            or None.
 
     Returns:
         pg_loss: scalar tensor to back-propagate.
@@ -69,8 +87,12 @@ def compute_policy_loss_vanilla(
         raise ValueError(f"clip_ratio_low must be in [0, 1) (ratio clipped at 1 - it), got {clip_ratio_low}")
     if not clip_ratio_high >= 0.0:
         raise ValueError(f"clip_ratio_high must be >= 0 (ratio clipped at 1 + it), got {clip_ratio_high}")
-    _check_same_shape(
-        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask
+    check_same_shape(
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+        rollout_is_weights=rollout_is_weights,
     )
 
     # Clamped so a stale or corrupted old_log_prob cannot overflow exp into inf/NaN.
@@ -83,7 +105,9 @@ def compute_policy_loss_vanilla(
     loss_dual = -advantages * clip_ratio_c
     negative = advantages < 0
     pg_losses = torch.where(negative, torch.minimum(loss_ppo, loss_dual), loss_ppo)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    pg_loss = agg_loss(
+        weighted(pg_losses, rollout_is_weights), response_mask, loss_agg_mode, loss_scale_factor
+    )
 
     with torch.no_grad():
         metrics = {
@@ -96,7 +120,7 @@ def compute_policy_loss_vanilla(
     return pg_loss, metrics
 
 
-def _check_clip_range(clip_ratio_low: float, clip_ratio_high: float, *, low_below_one: bool = True) -> None:
+def check_clip_range(clip_ratio_low: float, clip_ratio_high: float, *, low_below_one: bool = True) -> None:
     if not (0.0 <= clip_ratio_low < 1.0 if low_below_one else clip_ratio_low >= 0.0):
         bound = "[0, 1)" if low_below_one else ">= 0"
         raise ValueError(
@@ -119,6 +143,8 @@ def compute_policy_loss_gspo(
     clip_ratio_high: float = 4e-4,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "seq-mean-token-mean",
+    loss_scale_factor: float | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO: PPO clipping applied to one sequence-level importance ratio per response.
 
@@ -131,9 +157,9 @@ def compute_policy_loss_gspo(
     clamped at 10 before exp (verl). No dual clip: `clip_ratio_c` is accepted and unused.
 
     The paper's clip range is tiny (3e-4 / 4e-4, the defaults here) because s is a per-token
-    geometric mean; whatever the caller passes is used. verl always aggregates GSPO with
-    "seq-mean-token-mean"; here the passed `loss_agg_mode` is honoured — set
-    actor.loss_agg_mode=seq-mean-token-mean for the paper's objective.
+    geometric mean; whatever the caller passes is used. The passed `loss_agg_mode` is used, as verl
+    0.9.1 does (its GSPO takes actor.loss_agg_mode; only SAPO forces seq-mean-token-mean) — set
+    actor.loss_agg_mode=seq-mean-token-mean for the paper's sequence-level objective.
 
     GSPO: https://arxiv.org/abs/2507.18071.
 
@@ -144,7 +170,9 @@ def compute_policy_loss_gspo(
         response_mask: (bs, response_len) 0/1.
         clip_ratio_low, clip_ratio_high: s is clipped to [1 - low, 1 + high].
         clip_ratio_c: unused (accepted so every loss takes the same arguments).
-        loss_agg_mode: see `agg_loss`.
+        loss_agg_mode, loss_scale_factor: see `agg_loss`.
+        rollout_is_weights: (bs, response_len) rollout-correction weights multiplying the per-token loss,
+            or None.
 
     Returns:
         pg_loss: scalar tensor.
@@ -152,9 +180,13 @@ def compute_policy_loss_gspo(
             (always 0.0: no dual clip), ppo_kl (token mean of old_log_prob - log_prob).
     """
     del clip_ratio_c
-    _check_clip_range(clip_ratio_low, clip_ratio_high)
-    _check_same_shape(
-        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask
+    check_clip_range(clip_ratio_low, clip_ratio_high)
+    check_same_shape(
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+        rollout_is_weights=rollout_is_weights,
     )
     valid = response_mask.bool()
     log_ratio = log_prob - old_log_prob
@@ -166,7 +198,9 @@ def compute_policy_loss_gspo(
     loss_unclipped = -advantages * seq_ratio
     loss_clipped = -advantages * torch.clamp(seq_ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    pg_loss = agg_loss(
+        weighted(pg_losses, rollout_is_weights), response_mask, loss_agg_mode, loss_scale_factor
+    )
 
     with torch.no_grad():
         metrics = {
@@ -177,102 +211,82 @@ def compute_policy_loss_gspo(
     return pg_loss, metrics
 
 
-@register_policy_loss("cispo")
-def compute_policy_loss_cispo(
+@register_policy_loss("geo_mean", loss_agg_mode="seq-mean-token-mean")
+def compute_policy_loss_geo_mean(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.4,
+    clip_ratio_high: float = 0.4,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    loss_scale_factor: float | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """CISPO: REINFORCE weighted by a clipped, stop-gradient importance weight; no token loses its gradient.
+    """GMPO (`geo_mean`): maximise the geometric mean of the token ratios, clipped per token in log space.
 
-    With r_t = exp(log_prob_t - old_log_prob_t) (log-ratio clamped to [-20, 20]):
-        w_t    = sg[clip(r_t, 1 - clip_ratio_low, 1 + clip_ratio_high)]
-        loss_t = -w_t * A_t * log_prob_t                 gradient: -w_t * A_t * grad log pi(y_t)
-    PPO zeroes the gradient of a clipped token; CISPO keeps it and only bounds its weight, which
-    matters for rare "fork" tokens (e.g. "Wait", "However") that PPO clips after one update.
-    MiniMax-M1 sets no lower bound (a large epsilon_low) and tunes only the upper one: pass
-    clip_ratio_low >= 1 (actor.clip_ratio_low=1.0) for that. No dual clip: `clip_ratio_c` is unused.
+    With d_t = log_prob_t - old_log_prob_t and the sequence's mean advantage A (sign s = sign(A)):
+        d'_t   = s * min(s * d_t, s * clip(d_t, -clip_ratio_low, clip_ratio_high))   (PPO's pessimism)
+        ratio  = exp(mean over unmasked t of d'_t)                  (geometric mean of the ratios)
+        loss_i = -A * ratio,   averaged over the sequences
+    The geometric mean is less sensitive than the arithmetic one to a few tokens with extreme
+    ratios, so a wider clip range (the paper's e^±0.4, in log space here) stays stable. Advantages
+    are taken per sequence (their masked mean), as verl does. With rollout-correction weights w the
+    loss is multiplied by their geometric mean over the sequence.
 
-    CISPO (MiniMax-M1, section 3.1): https://arxiv.org/abs/2506.13585.
+    Per sequence by construction: the config loader asks for actor.loss_agg_mode=seq-mean-token-mean
+    with it. verl 0.9.1 averages over every row of the micro-batch, an empty response included; here
+    the mean runs over the non-empty responses (as every seq-mean mode does), which is the same number
+    whenever each response holds a token.
+
+    GMPO: https://arxiv.org/abs/2507.20673.
 
     Args:
         old_log_prob, log_prob, advantages, response_mask: (bs, response_len), as for PPO.
-        clip_ratio_low: weight clipped below at 1 - it; >= 0, and >= 1 means no lower bound.
-        clip_ratio_high: weight clipped above at 1 + it; >= 0.
-        clip_ratio_c: unused.
-        loss_agg_mode: see `agg_loss`.
+        clip_ratio_low, clip_ratio_high: >= 0, bounds of the log-ratio (not the ratio): d is clipped to
+            [-clip_ratio_low, clip_ratio_high].
+        loss_agg_mode: must be seq-mean-token-mean.
+        loss_scale_factor: unused.
+        rollout_is_weights: (bs, response_len) or None.
 
     Returns:
         pg_loss: scalar tensor.
-        metrics: pg_clipfrac (fraction of unmasked tokens whose weight was clipped, either side, as
-            in verl), pg_clipfrac_lower (always 0.0), ppo_kl (token mean of old_log_prob - log_prob).
+        metrics: pg_clipfrac (share of unmasked tokens with A > 0 whose log-ratio left the range),
+            pg_clipfrac_lower (the same for A < 0), ppo_kl.
     """
-    del clip_ratio_c
-    _check_clip_range(clip_ratio_low, clip_ratio_high, low_below_one=False)
-    _check_same_shape(
-        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask
+    if loss_agg_mode != "seq-mean-token-mean":
+        raise ValueError(
+            f"the geo_mean policy loss averages per sequence, got loss_agg_mode={loss_agg_mode!r}; set "
+            "actor.loss_agg_mode=seq-mean-token-mean"
+        )
+    check_clip_range(clip_ratio_low, clip_ratio_high, low_below_one=False)
+    check_same_shape(
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+        rollout_is_weights=rollout_is_weights,
     )
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    ratio = torch.exp(log_ratio.detach())
-    weight = torch.clamp(ratio, min=1.0 - clip_ratio_low, max=1.0 + clip_ratio_high)
-    pg_losses = -weight * advantages * log_prob
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
-
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = log_prob - old_log_prob
+    sign = torch.sign(advantages)
+    clipped = torch.clamp(log_ratio, -clip_ratio_low, clip_ratio_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)
+    lengths = mask.sum(dim=-1)
+    ratio = torch.exp((pessimistic * mask).sum(dim=-1) / (lengths + 1e-8))
+    seq_advantage = (advantages * mask).sum(dim=-1) / (lengths + 1e-8)
+    seq_losses = -seq_advantage * ratio
+    if rollout_is_weights is not None:
+        log_w = torch.log(rollout_is_weights.detach() + 1e-10)
+        seq_losses = seq_losses * torch.exp((log_w * mask).sum(dim=-1) / (lengths + 1e-8))
+    # each sequence's loss on its tokens, averaged per sequence: the mean over non-empty sequences
+    pg_loss = agg_loss(seq_losses.unsqueeze(-1).expand_as(log_prob), response_mask, "seq-mean-token-mean")
     with torch.no_grad():
+        out = log_ratio != clipped
         metrics = {
-            "pg_clipfrac": masked_mean((weight != ratio).float(), response_mask).item(),
-            "pg_clipfrac_lower": 0.0,
+            "pg_clipfrac": masked_mean((out & (advantages > 0)).float(), response_mask).item(),
+            "pg_clipfrac_lower": masked_mean((out & (advantages < 0)).float(), response_mask).item(),
             "ppo_kl": masked_mean(-log_ratio, response_mask).item(),
-        }
-    return pg_loss, metrics
-
-
-@register_policy_loss("reinforce")
-def compute_policy_loss_reinforce(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Plain on-policy policy gradient (REINFORCE): loss_t = -A_t * log_prob_t, no ratio, no clip.
-
-    The gradient is -A_t * grad log pi(y_t), which is unbiased only for samples from the current
-    policy: use it with one update per rollout (actor.ppo_epochs=1 and one mini-batch), otherwise
-    prefer a ratio-based loss. `old_log_prob` only feeds the ppo_kl metric (how off-policy the
-    update has become); the clip arguments are accepted and unused.
-
-    REINFORCE: Williams 1992, https://doi.org/10.1007/BF00992696. With an RLOO or GRPO
-    baseline this is the objective of https://arxiv.org/abs/2402.14740.
-
-    Args:
-        old_log_prob, log_prob, advantages, response_mask: (bs, response_len).
-        clip_ratio_low, clip_ratio_high, clip_ratio_c: unused.
-        loss_agg_mode: see `agg_loss`.
-
-    Returns:
-        pg_loss: scalar tensor.
-        metrics: pg_clipfrac 0.0, pg_clipfrac_lower 0.0, ppo_kl (token mean of old_log_prob - log_prob).
-    """
-    del clip_ratio_low, clip_ratio_high, clip_ratio_c
-    _check_same_shape(
-        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask
-    )
-    pg_loss = agg_loss(-advantages * log_prob, response_mask, loss_agg_mode)
-    with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": 0.0,
-            "pg_clipfrac_lower": 0.0,
-            "ppo_kl": masked_mean(old_log_prob - log_prob, response_mask).item(),
         }
     return pg_loss, metrics

@@ -65,6 +65,8 @@ def _qualname(fn: Callable[..., Any]) -> str:
 
 _ADVANTAGE_ESTIMATORS = _Registry("advantage estimator", "register_advantage_estimator")
 _POLICY_LOSSES = _Registry("policy loss", "register_policy_loss")
+# policy losses that aggregate one way whatever actor.loss_agg_mode says (verl: sapo, geo_mean)
+_LOSS_AGG_OF: dict[str, str] = {}
 
 
 def register_advantage_estimator(name: str) -> Callable[[F], F]:
@@ -82,9 +84,21 @@ def list_advantage_estimators() -> list[str]:
     return _ADVANTAGE_ESTIMATORS.names()
 
 
-def register_policy_loss(name: str) -> Callable[[F], F]:
-    """Decorator registering a policy loss under `name` (the `policy_loss` config value)."""
+def register_policy_loss(name: str, loss_agg_mode: str | None = None) -> Callable[[F], F]:
+    """Decorator registering a policy loss under `name` (the `policy_loss` config value).
+
+    `loss_agg_mode`: the aggregation the loss always uses (SAPO's and GMPO's are per sequence); the
+    config loader then asks for the same actor.loss_agg_mode, so the entropy and KL terms and the
+    micro-batch weights aggregate as the policy loss does.
+    """
+    if loss_agg_mode is not None:
+        _LOSS_AGG_OF[name] = loss_agg_mode
     return _POLICY_LOSSES.register(name)
+
+
+def policy_loss_agg_mode(name: str) -> str | None:
+    """The aggregation mode the policy loss `name` always uses, or None when it honours actor.loss_agg_mode."""
+    return _LOSS_AGG_OF.get(name)
 
 
 def get_policy_loss(name: str) -> Callable[..., Any]:

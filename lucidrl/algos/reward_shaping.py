@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lucidrl.algos.advantage import _group_codes, _group_tied
+from lucidrl.algos.groups import group_codes, group_tied
 
 
 def overlong_reward_penalty(
@@ -89,9 +89,9 @@ def dynamic_sampling_keep_mask(
             "pass token_level_scores.sum(-1)"
         )
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    group, n_groups = _group_codes(index, scores.shape[0], scores.device)
+    group, n_groups = group_codes(index, scores.shape[0], scores.device)
     counts = torch.bincount(group, minlength=n_groups)
-    kept_groups = ~_group_tied(scores, group, n_groups) | (counts == 1)
+    kept_groups = ~group_tied(scores, group, n_groups) | (counts == 1)
     n_kept = int(kept_groups.sum().item())
     metrics = {
         "dapo/groups_total": n_groups,

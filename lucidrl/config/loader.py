@@ -6,6 +6,7 @@ Reading checks each value against its field (parsing.py); validation checks the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,10 +18,18 @@ T = TypeVar("T")
 
 
 def load_config(
-    path: str | Path | None = None, overrides: list[str] | None = None, schema: type[T] = LucidConfig
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    schema: type[T] = LucidConfig,
+    *,
+    verl: bool | None = None,
+    echo: Callable[[str], None] | None = print,
 ) -> T:
-    """The config (of `schema`: the RL run's by default) from a YAML file plus `key=value` overrides, validated."""
-    cfg = parse_config(path, overrides, schema)
+    """The config (of `schema`: the RL run's by default) from a YAML file plus `key=value` overrides, validated.
+
+    A verl command line (`verl=True`, or None and one is recognised) is translated (config/verl.py) and the
+    translation passed to `echo` (printed by default; None: kept quiet)."""
+    cfg = parse_config(path, overrides, schema, verl=verl, echo=echo)
     validate(cfg)
     return cfg
 

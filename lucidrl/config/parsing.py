@@ -11,8 +11,8 @@ import copy
 import dataclasses
 import difflib
 import math
-import re
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -21,6 +21,8 @@ import yaml
 from lucidrl.config.errors import ConfigError, RangeError
 from lucidrl.config.fields import all_keys, field_hints, range_error, split_ranges, type_name
 from lucidrl.config.schema import LucidConfig, SFTConfig
+from lucidrl.config.values import UniqueKeyLoader, parse_override
+from lucidrl.config.verl import looks_like_verl, translate_or_raise, verl_row
 
 T = TypeVar("T")
 
@@ -60,6 +62,14 @@ def _unknown_key_error(key: str, source: str, root: type) -> ConfigError:
         hit = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)
         close = [by_leaf[hit[0]]] if hit else []
     command = "sft" if root is SFTConfig else "train"
+    found = verl_row(key) if root is LucidConfig else None
+    if found is not None:
+        row, _ = found
+        ours = f" (lucidrl: {row.lucidrl.split('|')[0]})" if row.kind == "map" and row.lucidrl else ""
+        return ConfigError(
+            f"config key '{key}' (from {source}) is a verl key{ours}: lucidrl reads verl command lines with "
+            "`lucidrl train --verl ...`, or by itself when they hold actor_rollout_ref.* keys (docs/migration.md)"
+        )
     hint = (
         f"; did you mean '{close[0]}'?" if close else f"; see `lucidrl {command} --help-config` for every key"
     )
@@ -171,73 +181,6 @@ def _apply(obj: Any, data: dict[str, Any], prefix: str, source: str, root: type 
             setattr(obj, name, _coerce(value, hint, key, source))
 
 
-class _CoreLoader(yaml.SafeLoader):
-    """YAML with YAML 1.2's core schema for plain scalars, as OmegaConf users expect: `true`/`false`
-    only are booleans (1.1 also made `yes`, `no`, `on` and `off` booleans: `trainer.logger=yes` was
-    ['True']), integers are decimal, 0o or 0x (1.1 read `012` as 10 and `1:30` as 90), and `1e-4` is a
-    float (1.1 needs a dot), so a quoted '1e-4' stays the string it was written as."""
-
-
-_CoreLoader.yaml_implicit_resolvers = {
-    first: [
-        (tag, rx)
-        for tag, rx in resolvers
-        if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
-    ]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_CoreLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-_CoreLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
-)
-_CoreLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-    ),
-    list("-+.0123456789"),
-)
-
-
-def _construct_core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
-    text = loader.construct_scalar(node)
-    if text.startswith("0o"):
-        return int(text[2:], 8)
-    return int(text, 16) if text.startswith("0x") else int(text, 10)
-
-
-def _construct_core_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
-    text = loader.construct_scalar(node).lower()
-    if text.endswith("inf"):
-        return float("-inf") if text.startswith("-") else float("inf")
-    return float("nan") if text == ".nan" else float(text)
-
-
-_CoreLoader.add_constructor("tag:yaml.org,2002:int", _construct_core_int)
-_CoreLoader.add_constructor("tag:yaml.org,2002:float", _construct_core_float)
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """`a.b=value` → ("a.b", parsed value), parsing the value as YAML 1.2 core (8, 1e-4, true, [a, b],
-    null). A value with a `#` in it is the text as written, unless it is a list or mapping: YAML would
-    read `run #2` as `run` and a comment."""
-    if "=" not in text:
-        raise ConfigError(f"override '{text}' is not of the form key=value (e.g. rollout.n=8)")
-    key, raw = text.split("=", 1)
-    key = key.strip().lstrip("+")
-    if not key:
-        raise ConfigError(f"override '{text}' has an empty key")
-    if "#" in raw and not raw.strip().startswith(("[", "{")):
-        return key, raw
-    try:
-        value = yaml.load(raw, Loader=_CoreLoader) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key, value
-
-
 def _nest(key: str, value: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     node = out
@@ -248,48 +191,62 @@ def _nest(key: str, value: Any) -> dict[str, Any]:
     return out
 
 
-class _UniqueKeyLoader(_CoreLoader):
-    """_CoreLoader for config files, where a key given twice in one mapping is an error: with
-    yaml.safe_load the last one silently won (`actor:` twice in a file dropped the first section's keys)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"key {key!r} is given twice in one mapping (lines {seen[key]} and {line}); merge them "
-                    "into one (the second replaced the first)",
-                    key_node.start_mark,
-                )
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
 def parse_config(
-    path: str | Path | None = None, overrides: list[str] | None = None, schema: type[T] = LucidConfig
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    schema: type[T] = LucidConfig,
+    *,
+    verl: bool | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> T:
     """The config (of `schema`: the RL run's by default) from a YAML file plus `key=value` overrides, each value
-    checked against its field as it is read; the cross-field checks are validation.py's (loader.load_config)."""
+    checked against its field as it is read; the cross-field checks are validation.py's (loader.load_config).
+
+    `verl`: read the overrides as a verl command line (lucidrl/config/verl.py); None: when they look like one
+    (an `actor_rollout_ref.*` key, ...). `echo` receives the printed translation."""
     cfg = schema()
+    items = list(overrides or [])
+    if verl or (verl is None and schema is LucidConfig and looks_like_verl(items)):
+        if schema is not LucidConfig:
+            raise ConfigError(
+                "verl command lines are read by `lucidrl train`; `lucidrl sft` takes lucidrl keys"
+            )
+        translation = translate_or_raise(items, from_file=path is not None)
+        if echo is not None:
+            echo(translation.describe())
+        assignments = translation.assignments
+    else:
+        assignments = [_lucid_override(text, schema) for text in items]
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file '{path}' does not exist")
         try:
-            data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
+            data = yaml.load(path.read_text(), Loader=UniqueKeyLoader) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from e
         _apply(cfg, data, "", f"file {path}")
-    for text in overrides or []:
-        key, value = parse_override(text)
-        source = f"command-line override '{text}'"
+    # verl's defaults (first among a verl command line's assignments) stand in for a file, so they come
+    # after one only when there is none
+    for key, value, source in assignments:
         if not _set_inside_dict(cfg, key, value, source):
             _apply(cfg, _nest(key, value), "", source)
     return cfg
+
+
+def _lucid_override(text: str, schema: type) -> tuple[str, Any, str]:
+    """(key, value, source) of one lucidrl override; `~key` (Hydra's delete) puts the key's default back."""
+    source = f"command-line override '{text}'"
+    if text.strip().startswith("~"):
+        key = text.strip().lstrip("~").split("=", 1)[0]
+        node: Any = schema()
+        for part in key.split("."):
+            if not (dataclasses.is_dataclass(node) and hasattr(node, part)):
+                raise _unknown_key_error(key, source, schema)
+            node = getattr(node, part)
+        return key, _asdict(node), source
+    key, value = parse_override(text)
+    return key, value, source
 
 
 def _deep_merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

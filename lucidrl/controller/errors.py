@@ -98,6 +98,7 @@ class WorkerDiedError(RuntimeError):
 
     def __init__(self, role: str, rank: int, method: str, cause: str, failed_to_start: bool = False):
         self.role, self.rank, self.method = role, rank, method
+        self.failed_to_start = failed_to_start  # a restart (trainer.max_restarts) would fail the same way
         first, _, rest = cause.strip().partition("\n")
         detail = f"{first}\n{_indent(rest)}" if rest.strip() else first
         if failed_to_start:
@@ -113,12 +114,14 @@ class WorkerDiedError(RuntimeError):
             )
 
     def __reduce__(self):
-        return (_rebuild_died, (self.role, self.rank, self.method, str(self)))
+        return (_rebuild_died, (self.role, self.rank, self.method, str(self), self.failed_to_start))
 
 
-def _rebuild_died(role: str, rank: int, method: str, text: str) -> WorkerDiedError:
+def _rebuild_died(
+    role: str, rank: int, method: str, text: str, failed_to_start: bool = False
+) -> WorkerDiedError:
     err = WorkerDiedError.__new__(WorkerDiedError)
-    err.role, err.rank, err.method = role, rank, method
+    err.role, err.rank, err.method, err.failed_to_start = role, rank, method, failed_to_start
     RuntimeError.__init__(err, text)
     return err
 

@@ -268,7 +268,13 @@ class RayWorkerGroup(WorkerGroup):
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             rank = pending.pop(done[0])
-            status, value = self._get(done[0], rank, method)
+            try:
+                status, value = self._get(done[0], rank, method)
+            except WorkerDiedError:
+                # a group with a dead rank cannot go on: the others may wait for it in a collective for
+                # ever, and a restart (trainer/restart.py) needs their CPUs and GPUs for the new group
+                self.shutdown()
+                raise
             if status == "error":
                 value.raise_()
             results[rank] = value
@@ -289,8 +295,12 @@ class RayWorkerGroup(WorkerGroup):
         return results[0]
 
     def shutdown(self) -> None:
+        """Kill the ranks and free their placement group (once: later calls do nothing)."""
         import ray
 
         for h in self.hosts:
             ray.kill(h)
-        ray.util.remove_placement_group(self.pg)
+        self.hosts = []
+        if self.pg is not None:
+            ray.util.remove_placement_group(self.pg)
+            self.pg = None

@@ -1,9 +1,10 @@
-"""Parquet prompts in verl's schema → chat template → token ids, and batches of them.
+"""Parquet prompts in verl's schema → chat template (or raw text) → token ids, and batches of them.
 
 Each row needs `data_source`, the prompt column (chat messages) and `reward_model.ground_truth`;
 `extra_info` is optional. A prompt whose last message is from the assistant (Logic-RL pre-fills
 "<think>") is rendered with `continue_final_message`, and that pre-filled text is kept as the
-sample's `assistant_prefix` so the reward sees the whole assistant turn.
+sample's `assistant_prefix` so the reward sees the whole assistant turn. A prompt that carries its own
+chat markup (the files of verl's TinyZero and Logic-RL forks) is fed as written (prompt_format.py).
 """
 
 from __future__ import annotations
@@ -18,15 +19,11 @@ import pyarrow.parquet as pq
 import torch
 
 from lucidrl.batch import Batch
-from lucidrl.diagnostics.errors import UserError
+from lucidrl.data.prompt_format import DatasetError, render_prompt
 
 log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("data_source", "reward_model")
-
-
-class DatasetError(UserError, ValueError):
-    """A data file or row that cannot be turned into a training prompt."""
 
 
 @dataclass
@@ -40,6 +37,13 @@ class PromptSample:
     assistant_prefix: str
     source: str  # "file:row", for error messages
     messages: list[dict[str, str]] = field(default_factory=list)  # the chat as written, for re-rendering
+    raw: bool = False  # fed as written, its own chat markup included (data.prompt_format)
+
+
+def row_of(sample: PromptSample) -> str:
+    """Where a sample came from, as errors name it: "FILE row I"."""
+    file, _, row = sample.source.rpartition(":")
+    return f"{file} row {row}"
 
 
 @dataclass
@@ -48,50 +52,42 @@ class FilterReport:
 
     total_rows: int = 0
     overlong_filtered: int = 0
+    truncated: int = 0  # overlong prompts cut to data.max_prompt_length (data.truncation)
+    raw_prompts: int = 0  # prompts fed as written, their own chat markup included (data.prompt_format)
     longest_prompt: int = 0
 
 
-def _render(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, str]:
-    """The prompt text for `messages` and the pre-filled assistant text (or "")."""
-    if messages and messages[-1].get("role") == "assistant":
-        text = tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
-        return text, messages[-1].get("content") or ""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), ""
+def check_chat_template(tokenizer: Any, what: str) -> None:
+    """DatasetError unless `tokenizer` has a chat template: every prompt is rendered with it (a string
+    prompt too, as one user message). Without, transformers fails at the first row with a ValueError
+    that names neither the tokenizer's folder nor the setting."""
+    if getattr(tokenizer, "chat_template", None):
+        return
+    where = getattr(tokenizer, "name_or_path", "") or "?"
+    raise DatasetError(
+        f"{what}: the tokenizer from '{where}' (model.tokenizer_path, else model.path) has no chat template, "
+        "and lucidrl renders every prompt with it; use the tokenizer of a chat or instruct model "
+        "(model.tokenizer_path), or give this one a template: tokenizer.chat_template = '...' then "
+        "tokenizer.save_pretrained(FOLDER) (`lucidrl model tiny` writes one)"
+    )
 
 
-def _check_messages(value: Any, where: str, prompt_key: str) -> list[dict[str, str]]:
-    if isinstance(value, str):
-        value = [{"role": "user", "content": value}]
-    if not isinstance(value, (list, tuple)) or not value:
+def read_table(file: str, what: str) -> Any:
+    """One parquet file of `what` (a config key) as a pyarrow Table; DatasetError naming the file when it is
+    missing, unreadable or holds no rows."""
+    path = Path(file)
+    if not path.is_file():
+        raise DatasetError(f"{what}: file '{file}' does not exist")
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow raises several types for a non-parquet file
+        raise DatasetError(f"{what}: '{file}' is not a readable parquet file: {e}") from e
+    if table.num_rows == 0:
         raise DatasetError(
-            f"{where}: column '{prompt_key}' must hold chat messages "
-            f"([{{'role': 'user', 'content': ...}}, ...]) or a string, got {str(value)[:80]!r}"
+            f"{what}: '{file}' holds no rows (columns: {', '.join(table.column_names) or 'none'}); "
+            "write the data again, or leave the file out of the list"
         )
-    for m in value:
-        if not isinstance(m, dict) or "role" not in m or m.get("content") is None:
-            raise DatasetError(
-                f"{where}: message {str(m)[:80]!r} in column '{prompt_key}' needs a 'role' and a 'content' "
-                "that is not None"
-            )
-    last = value[-1]
-    if (
-        last["role"] == "user"
-        and isinstance(last["content"], str)
-        and last["content"].rstrip().endswith("<think>")
-    ):
-        # TinyZero's and Logic-RL's files write the whole template, "...Assistant: <think>", as one user
-        # message and feed it raw; rendered as chat, the model would answer after the template's own
-        # assistant header, and the reward (which reads the response and any assistant pre-fill) would
-        # never see that <think>: every K&K answer would score -3
-        raise DatasetError(
-            f"{where}: the last message in column '{prompt_key}' is a user message ending in '<think>' (TinyZero's "
-            "and Logic-RL's raw-prompt files pre-fill it so); lucidrl renders messages with the chat template, so "
-            "write the pre-fill as an assistant message that the model continues: the user message without the "
-            "trailing 'Assistant: <think>', then {'role': 'assistant', 'content': '<think>'} (what `lucidrl data kk` writes)"
-        )
-    # every field the data gives goes to the chat template (name, tool_calls, reasoning_content, ...), as
-    # verl and TRL pass the messages; None fields are what parquet fills in for a key only other rows have
-    return [{k: v for k, v in m.items() if v is not None} for m in value]
+    return table
 
 
 def load_prompts(
@@ -101,24 +97,24 @@ def load_prompts(
     max_prompt_length: int,
     prompt_key: str = "prompt",
     filter_overlong: bool = False,
+    truncation: str = "error",
+    prompt_format: str = "auto",
+    template_kwargs: dict[str, Any] | None = None,
     what: str = "data.train_files",
     prompt_key_option: str = "data.prompt_key",
 ) -> tuple[list[PromptSample], FilterReport]:
-    """Read and tokenize every row of `files`; overlong prompts are an error or filtered and counted."""
+    """Read and tokenize every row of `files` (data.prompt_format: chat template or raw text); overlong
+    prompts are filtered, cut (data.truncation) or an error, and counted."""
     if not files:
         raise DatasetError(
             f"{what} is empty; give at least one parquet file (e.g. `lucidrl data kk --out DIR`)"
         )
+    check_chat_template(tokenizer, what)
     samples: list[PromptSample] = []
     report = FilterReport()
+    overlong_per_file: dict[str, int] = {}
     for file in files:
-        path = Path(file)
-        if not path.is_file():
-            raise DatasetError(f"{what}: file '{file}' does not exist")
-        try:
-            table = pq.read_table(path)
-        except Exception as e:  # pyarrow raises several types for a non-parquet file
-            raise DatasetError(f"{what}: '{file}' is not a readable parquet file: {e}") from e
+        table = read_table(file, what)
         for col in (prompt_key, *REQUIRED_COLUMNS):
             if col not in table.column_names:
                 raise DatasetError(
@@ -130,23 +126,36 @@ def load_prompts(
         for i, row in enumerate(rows):
             where = f"{file} row {i}"
             report.total_rows += 1
-            messages = _check_messages(row[prompt_key], where, prompt_key)
+            prompt = render_prompt(
+                tokenizer,
+                row[prompt_key],
+                where,
+                prompt_key=prompt_key,
+                prompt_format=prompt_format,
+                template_kwargs=template_kwargs,
+            )
+            report.raw_prompts += prompt.raw
             rm = row["reward_model"]
             if not isinstance(rm, dict) or "ground_truth" not in rm:
                 raise DatasetError(
                     f"{where}: 'reward_model' must be a mapping with 'ground_truth', got {str(rm)[:80]!r}"
                 )
-            text, prefix = _render(tokenizer, messages)
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            # verl's forks tokenize a raw prompt without special tokens too (tokenize_and_postprocess_data)
+            ids = tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
             report.longest_prompt = max(report.longest_prompt, len(ids))
             if len(ids) > max_prompt_length:
                 if filter_overlong:
                     report.overlong_filtered += 1
+                    overlong_per_file[file] = overlong_per_file.get(file, 0) + 1
                     continue
-                raise DatasetError(
-                    f"{where}: prompt is {len(ids)} tokens, longer than data.max_prompt_length={max_prompt_length}; "
-                    f"raise data.max_prompt_length or set data.filter_overlong_prompts=true to drop such rows (counted)"
-                )
+                if truncation == "error":
+                    raise DatasetError(
+                        f"{where}: prompt is {len(ids)} tokens, longer than data.max_prompt_length={max_prompt_length}; "
+                        "raise data.max_prompt_length, set data.filter_overlong_prompts=true to drop such rows "
+                        "(counted), or data.truncation=left|right|middle to cut them (counted)"
+                    )
+                ids = truncate(ids, max_prompt_length, truncation)
+                report.truncated += 1
             extra = row.get("extra_info") or {}
             samples.append(
                 PromptSample(
@@ -154,9 +163,10 @@ def load_prompts(
                     data_source=str(row["data_source"]),
                     ground_truth=rm["ground_truth"],
                     extra_info=dict(extra) if isinstance(extra, dict) else {"value": extra},
-                    assistant_prefix=prefix,
+                    assistant_prefix=prompt.prefix,
                     source=f"{file}:{i}",
-                    messages=messages,
+                    messages=prompt.messages,
+                    raw=prompt.raw,
                 )
             )
     if report.overlong_filtered:
@@ -166,9 +176,45 @@ def load_prompts(
             report.overlong_filtered,
             report.total_rows,
         )
+    if report.truncated:
+        log.warning(
+            "%s: cut %d of %d prompts longer than data.max_prompt_length to %d tokens (data.truncation=%s)",
+            what,
+            report.truncated,
+            report.total_rows,
+            max_prompt_length,
+            truncation,
+        )
+    if report.raw_prompts and prompt_format == "auto":
+        log.warning(
+            "%s: %d of %d prompts are one user message carrying its own chat markup (ChatML, or a "
+            "'User: ... Assistant:' template): fed as written, without the chat template, as verl's TinyZero "
+            "and Logic-RL forks feed them (data.prompt_format=auto; chat renders them with the template)",
+            what,
+            report.raw_prompts,
+            report.total_rows,
+        )
     if not samples:
-        raise DatasetError(f"{what}: no prompts left after filtering ({report.overlong_filtered} overlong)")
+        per_file = ", ".join(f"'{f}' {n} rows" for f, n in overlong_per_file.items())
+        raise DatasetError(
+            f"{what}: all {report.total_rows} prompts are longer than data.max_prompt_length={max_prompt_length} "
+            f"tokens (the longest {report.longest_prompt}) and data.filter_overlong_prompts=true dropped them "
+            f"({per_file}); raise data.max_prompt_length to at least {report.longest_prompt}, or give shorter prompts"
+        )
     return samples, report
+
+
+def truncate(ids: list[int], length: int, side: str) -> list[int]:
+    """`ids` cut to `length` tokens as verl's data.truncation does: keep the end (left), the start (right),
+    or the first and last halves (middle)."""
+    if side == "left":
+        return ids[-length:]
+    if side == "right":
+        return ids[:length]
+    if side == "middle":
+        head = length // 2
+        return ids[:head] + ids[len(ids) - (length - head) :]
+    raise ValueError(f"data.truncation={side!r} is not error, left, right or middle")
 
 
 def collate(samples: list[PromptSample], pad_token_id: int, uid_offset: int = 0) -> Batch:
@@ -188,6 +234,7 @@ def collate(samples: list[PromptSample], pad_token_id: int, uid_offset: int = 0)
             "extra_info": [s.extra_info for s in samples],
             "assistant_prefix": [s.assistant_prefix for s in samples],
             "raw_prompt": [s.messages for s in samples],
+            "prompt_is_raw": [s.raw for s in samples],
             "uid": [f"p{uid_offset + i}" for i in range(len(samples))],
         },
     )

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-import pyarrow.parquet as pq
 import torch
 
-from lucidrl.data.dataset import DatasetError, _check_messages, _render
+from lucidrl.data.dataset import check_chat_template, read_table
+from lucidrl.data.prompt_format import DatasetError, check_messages, render_chat
 
 IGNORE = -100  # label of a token that carries no loss (prompt, padding)
 
@@ -33,16 +32,12 @@ def load_sft_rows(
         raise DatasetError(
             "the tokenizer has no eos token; SFT responses must end with one so the model learns to stop"
         )
+    check_chat_template(tokenizer, what)
     samples = []
     too_long: list[tuple[int, str]] = []  # (tokens, where)
     rows = 0
     for file in files:
-        if not Path(file).is_file():
-            raise DatasetError(f"{what}: file '{file}' does not exist")
-        try:
-            table = pq.read_table(file)
-        except Exception as e:  # pyarrow raises several types for a non-parquet file
-            raise DatasetError(f"{what}: '{file}' is not a readable parquet file: {e}") from e
+        table = read_table(file, what)
         for col in (prompt_key, response_key):
             if col not in table.column_names:
                 raise DatasetError(
@@ -57,7 +52,7 @@ def load_sft_rows(
                 raise DatasetError(
                     f"{where}: column '{response_key}' must be a non-empty string, got {response!r}"
                 )
-            text, _ = _render(tokenizer, _check_messages(prompt, where, prompt_key))
+            text, _ = render_chat(tokenizer, check_messages(prompt, where, prompt_key))
             p_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             r_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
             if not r_ids or r_ids[-1] != tokenizer.eos_token_id:  # one eos, also where the text has it (TRL)

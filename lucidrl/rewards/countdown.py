@@ -1,76 +1,91 @@
 """TinyZero's Countdown rule reward: reach the target with each given number exactly once.
 
-The last <answer>...</answer> of the response must hold an arithmetic expression over the given numbers
-(each used exactly once) with + - * / and parentheses. 1.0 when it equals the target, 0.1 when it is
-there but wrong (other numbers, another value, division by zero, something that is not such an
-expression), 0.0 when there is no <answer> at all.
+As TinyZero's `countdown.compute_score`, rule for rule: the answer is the last <answer>...</answer> on
+the response's last line; the numbers are every run of digits in it, which must be the given numbers
+exactly (in any order); the expression may hold digits, + - * / ( ) . and spaces only, and is
+evaluated with Python's arithmetic (floats for "/", `**` and `//` included); within 1e-5 of the
+target scores 1.0, anything else in <answer> 0.1, no <answer> on the last line 0.0.
 
-The expression is parsed with `ast` and evaluated on exact fractions, node by node; nothing is passed
-to `eval`, so a response cannot run code, and `(1/3)*3` equals 1.
+The expression is evaluated from its syntax tree, never by `eval`, so a response cannot run code; a
+power whose result would be astronomically large (TinyZero's `eval` would compute it for minutes) is
+a wrong answer.
+
+`solution_str` is the assistant's turn, what lucidrl passes (the pre-filled start plus the response):
+TinyZero's reward reads the decoded prompt and response after the prompt's "Assistant:" (or
+"<|im_start|>assistant") header, which is the same text.
+
+`lenient=True` (off by default; a documented difference from TinyZero) reads the last <answer>
+anywhere in the response, not only on its last line, and takes "×", "÷" and "−" for * / -.
 """
 
 from __future__ import annotations
 
 import ast
+import operator
 import re
-from collections import Counter
-from fractions import Fraction
 from numbers import Integral
 from typing import Any
 
 FORMAT_SCORE = 0.1
+_ANSWER = re.compile(r"<answer>(.*?)</answer>")
+_ALLOWED = re.compile(r"^[\d+\-*/().\s]+$")
 _OPS = {
-    ast.Add: Fraction.__add__,
-    ast.Sub: Fraction.__sub__,
-    ast.Mult: Fraction.__mul__,
-    ast.Div: Fraction.__truediv__,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Pow: operator.pow,
 }
-# what a model may write for the four operations
 _SPELLINGS = str.maketrans({"×": "*", "÷": "/", "−": "-"})
+MAX_EXPONENT = 64  # a larger power of a number other than 0, 1 and -1 is far from any target
 
 
 class NotAnExpression(ValueError):
-    """The answer is not an arithmetic expression of integers with + - * / and parentheses."""
+    """The answer is not an arithmetic expression TinyZero's rule would evaluate."""
 
 
-def extract_answer(solution_str: str) -> str | None:
-    """The text of the last <answer>...</answer>, stripped; None when there is none."""
-    end = solution_str.rfind("</answer>")  # from the end: a regex rescans after every unclosed tag
-    start = solution_str.rfind("<answer>", 0, end) if end >= 0 else -1
-    if start < 0:
-        return None
-    end = solution_str.find("</answer>", start)  # its own closing tag: a stray later one is not the answer's
-    return solution_str[start + len("<answer>") : end].strip()
+def extract_answer(solution_str: str, lenient: bool = False) -> str | None:
+    """The stripped text of the last <answer>...</answer> on the last line (anywhere with `lenient`), or None."""
+    if lenient:
+        end = solution_str.rfind("</answer>")
+        start = solution_str.rfind("<answer>", 0, end) if end >= 0 else -1
+        if start < 0:
+            return None
+        return solution_str[start + len("<answer>") : solution_str.find("</answer>", start)].strip()
+    found = _ANSWER.findall(solution_str.split("\n")[-1])
+    return found[-1].strip() if found else None
 
 
-def _value(node: ast.AST, used: list[int]) -> Fraction:
+def _value(node: ast.AST) -> Any:
     if isinstance(node, ast.Expression):
-        return _value(node.body, used)
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        used.append(node.value)
-        return Fraction(node.value)
+        return _value(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        left, right = _value(node.left, used), _value(node.right, used)
-        if isinstance(node.op, ast.Div) and right == 0:
-            raise NotAnExpression("division by zero")
+        left, right = _value(node.left), _value(node.right)
+        if isinstance(node.op, ast.Pow) and abs(left) not in (0, 1) and abs(right) > MAX_EXPONENT:
+            raise NotAnExpression("a power too large to be a countdown target")
         return _OPS[type(node.op)](left, right)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        value = _value(node.operand, used)
-        return -value if isinstance(node.op, ast.USub) else value
-    raise NotAnExpression(f"{type(node).__name__} is not allowed")
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _value(node.operand)
+        return -value if isinstance(node.op, ast.USub) else +value
+    raise NotAnExpression(f"{type(node).__name__} is not arithmetic")
 
 
-def evaluate(expression: str) -> tuple[Fraction, list[int]]:
-    """The exact value of `expression` and the integers it uses; NotAnExpression for anything else."""
-    text = expression.translate(_SPELLINGS)  # no "=": TinyZero's rule wants the expression alone
-    if not re.fullmatch(r"[\d\s+\-*/().]*", text) or not text.strip():
-        raise NotAnExpression(f"{expression!r} holds characters other than digits, + - * / and parentheses")
+def evaluate(expression: str) -> Any:
+    """The value of `expression` as Python computes it; NotAnExpression where TinyZero's evaluation fails."""
+    if not _ALLOWED.match(expression):
+        raise NotAnExpression(f"{expression!r} holds characters other than digits, + - * / . and parentheses")
     try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise NotAnExpression(f"{expression!r} does not parse: {exc.msg}") from exc
-    used: list[int] = []
-    return _value(tree, used), used
+        return _value(ast.parse(expression.strip(), mode="eval"))
+    except (SyntaxError, ArithmeticError, TypeError, ValueError, RecursionError, MemoryError) as exc:
+        raise NotAnExpression(f"{expression!r} does not evaluate: {exc}") from exc
+
+
+def numbers_used(expression: str) -> list[int]:
+    """Every run of digits in `expression`, as TinyZero counts the numbers (so "1.5" uses 1 and 5)."""
+    return [int(n) for n in re.findall(r"\d+", expression)]
 
 
 def check_ground_truth(ground_truth: Any) -> tuple[int, list[int]]:
@@ -92,16 +107,20 @@ def check_ground_truth(ground_truth: Any) -> tuple[int, list[int]]:
     return int(target), [int(n) for n in numbers]
 
 
-def compute_score(solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, float]:
-    """score: 1.0 for an expression over exactly the given numbers that equals the target, 0.1 for
-    another expression in <answer>, 0.0 without one; acc: reached the target; format_ok: an <answer>."""
+def compute_score(
+    solution_str: str, ground_truth: Any, extra_info: Any = None, lenient: bool = False
+) -> dict[str, float]:
+    """score: 1.0 for an expression over exactly the given numbers within 1e-5 of the target, 0.1 for
+    another <answer>, 0.0 without one; acc: reached the target; format_ok: an <answer> was read."""
     target, numbers = check_ground_truth(ground_truth)
-    answer = extract_answer(solution_str)
+    answer = extract_answer(solution_str, lenient)
     if answer is None:
         return {"score": 0.0, "acc": 0.0, "format_ok": 0.0}
-    try:
-        value, used = evaluate(answer)
-        right = Counter(used) == Counter(numbers) and value == target
-    except (NotAnExpression, ZeroDivisionError, RecursionError, MemoryError):
-        right = False
+    expression = answer.translate(_SPELLINGS) if lenient else answer
+    right = False
+    if sorted(numbers_used(expression)) == sorted(numbers):
+        try:
+            right = abs(evaluate(expression) - target) < 1e-5
+        except (NotAnExpression, TypeError, OverflowError):
+            right = False
     return {"score": 1.0 if right else FORMAT_SCORE, "acc": float(right), "format_ok": 1.0}

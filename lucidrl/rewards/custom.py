@@ -1,8 +1,9 @@
 """Loading a user's reward function from a .py file, and checking what reward functions return.
 
 `load_custom_function` implements `reward.custom_function.path` / `.name`. `normalize_reward_output`
-turns any reward function's return value into (score, extra metrics) and refuses the values that
-would otherwise be trained on silently: booleans, strings, None, NaN and infinities.
+turns any reward function's return value into (score, extra metrics), booleans as 1.0/0.0 (verl takes a
+function returning `pred == gt`), and refuses the values that would otherwise be trained on silently:
+strings, None, NaN and infinities.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any
 
 from lucidrl.diagnostics.errors import UserError
 
-_EXPECTED_OUTPUT = "a finite float, or a dict with a finite float under 'score' and numbers as extra metrics"
+_EXPECTED_OUTPUT = (
+    "a finite float (or a boolean), or a dict with one under 'score' and numbers as extra metrics"
+)
 
 
 class CustomFunctionError(UserError, ValueError):
@@ -148,17 +151,19 @@ def normalize_reward_output(
             if text_extras is not None and (metric is None or isinstance(metric, (str, bytes))):
                 text_extras.add(key)
                 continue
-            # A boolean metric (e.g. "correct": True) is fine as 1.0/0.0; only the score must not be one.
-            metric = float(metric) if _is_bool(metric) else metric
             extras[key] = _finite_float(metric, value, data_source, index, f"extra metric {key!r}")
         return score, extras
     return _finite_float(value, value, data_source, index, "the score"), {}
 
 
 def _finite_float(x: Any, whole: Any, data_source: str, index: int, what: str) -> float:
-    """`x` as a finite float; RewardOutputError for bools, strings, non-numbers, NaN and infinities."""
+    """`x` as a finite float (a Python, numpy or 0-d torch boolean is 1.0 or 0.0, as verl takes `pred == gt`);
+    RewardOutputError for strings, non-numbers, NaN and infinities."""
     if _is_bool(x):
-        raise _error(whole, data_source, index, f"{what} is a boolean; return 1.0/0.0 instead of True/False")
+        try:
+            return 1.0 if bool(x) else 0.0
+        except (TypeError, ValueError, RuntimeError) as exc:  # an array of booleans has no one truth value
+            raise _error(whole, data_source, index, f"{what} is not one boolean ({exc})") from exc
     if isinstance(x, (str, bytes)) or not hasattr(type(x), "__float__"):
         raise _error(whole, data_source, index, f"{what} is a {type(x).__name__}, not a number")
     try:

@@ -19,6 +19,8 @@ ANSWER_CORRECT = 2.0
 ANSWER_WRONG = -1.5
 ANSWER_UNPARSEABLE = -2.0
 
+# the data_source values K&K rows carry (Logic-RL's files: kk_logic)
+KK_SOURCES = ("kk_logic", "kk")
 _HEADERS = ("Assistant:", "<|im_start|>assistant")
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 # a trace's first row header: every person's name and role, at least two (puzzles have 2 to 8 people),
@@ -26,7 +28,9 @@ _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 # free-form reasoning counted as a wrong trace
 _TRACE_START = re.compile(r"\w+ [KN] (?:\w+ [KN] )*\w+ [KN]:")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_SOLUTION_LINE = re.compile(r"^\s*\(\d+\)\s*(\w+)\s+is\s+a\s+(knight|knave)\s*\.?\s*$", re.IGNORECASE)
+# Logic-RL's reading of a ground-truth line: its first word of letters is the name, the first "knight" or
+# "knave" after it the role ("(1) Zoey is a knight")
+_SOLUTION_LINE = re.compile(r"\b([A-Za-z]+)\b.*?\b(knight|knave)\b", re.IGNORECASE)
 _GROUND_TRUTH_FORM = (
     'a dict {"names": [...], "knights": [true, false, ...]} (optionally with "solution_text_format"), '
     'or a string of lines "(1) Zoey is a knight\\n(2) Oliver is a knave"'
@@ -112,14 +116,27 @@ def parse_ground_truth(ground_truth: Any) -> dict[str, bool]:
     )
 
 
+def people_count(data_source: str, ground_truth: Any, extra_info: Any) -> int | None:
+    """A K&K row's number of people: extra_info["n_people"] (what `lucidrl data kk` writes), else the names in
+    its ground truth (Logic-RL's files carry none in extra_info); None for other rows or an unreadable one."""
+    if isinstance(extra_info, Mapping) and extra_info.get("n_people") is not None:
+        return int(extra_info["n_people"])
+    if data_source not in KK_SOURCES:
+        return None
+    try:
+        return len(parse_ground_truth(ground_truth))
+    except ValueError:  # the reward says what is wrong with it, when it scores the row
+        return None
+
+
 def _parse_solution_text(text: str) -> dict[str, bool]:
     """Roles from "(1) Zoey is a knight\\n(2) Oliver is a knave" lines; blank lines are skipped."""
     roles: dict[str, bool] = {}
     for line in text.splitlines():
         if not line.strip():
             continue
-        match = _SOLUTION_LINE.match(line)
-        if match is None:
+        match = _SOLUTION_LINE.search(line)
+        if match is None:  # Logic-RL skips such a line (and then expects one person fewer): an error here
             raise ValueError(
                 f"K&K ground truth line {line!r} is not of the form '(k) NAME is a knight|knave'; "
                 f"expected {_GROUND_TRUTH_FORM}"

@@ -1,103 +1,150 @@
 """verl's MATH rule reward: 1.0 when the last \\boxed{...} equals the ground truth after the normalisation
-of Hendrycks et al.'s MATH evaluation (the one verl's `math.compute_score` applies), else 0.0.
+of Hendrycks et al.'s MATH evaluation (verl's `math_reward.compute_score`, itself from lm-evaluation-harness),
+else 0.0. Every rule below is verl's, quirks included, so that the scores are the same:
 
-The normalisation makes equal what is written differently in LaTeX and nothing more: `\\dfrac12`,
-`\\frac{1}{2}`, `1/2` and `0.5` agree, as do `\\left( 3, 4 \\right)` and `(3,4)`, `x = 5` and `5`,
-`10\\text{ cm}` and `10`, `90^\\circ` and `90`. It does no algebra: `2\\sqrt{2}` and `\\sqrt{8}` differ.
+- the answer is the last `\\boxed{...}` (braces balanced), or, when the response holds a `\\boxed `
+  anywhere, what follows the last `\\boxed ` up to a `$`; an `\\fbox{}` or an unclosed box scores 0;
+- both sides lose newlines, `\\!`, `\\left`, `\\right`, degree signs, `\\$`, `\\%`, a unit after
+  "\\text{ ", spaces, and a "k =" in front; `tfrac`/`dfrac` become `frac`, `\\frac12` and `\\sqrt3` get
+  braces, `0.5` and `a/b` (integers) become `\\frac{..}{..}`, ".5" gains its 0;
+- where that normalisation fails on a side (an unbalanced `\\frac` at the end, two "\\text{ "), the two
+  are compared as written.
+
+It does no algebra: `2\\sqrt{2}` and `\\sqrt{8}` differ, as do `\\frac{1}{2}` and `1/2.0`.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-_BOXES = ("\\boxed", "\\fbox")
+
+class _NotNormalised(Exception):
+    """verl's normalisation raises on this text; it then compares the texts as written."""
 
 
 def last_boxed(text: str) -> str | None:
-    """The content of the last \\boxed{...} (or \\fbox{...}, or `\\boxed 5`) in `text`; None when there is
-    none or its braces never close."""
-    start = max(text.rfind(box) for box in _BOXES)
+    """The last boxed answer of `text` with its `\\boxed` wrapper, as verl's `last_boxed_only_string` finds it."""
+    if "\\boxed " in text:
+        return "\\boxed " + text.split("\\boxed ")[-1].split("$")[0]
+    start = text.rfind("\\boxed")
     if start < 0:
-        return None
-    rest = text[start:]
-    name = next(box for box in _BOXES if rest.startswith(box))
-    rest = rest[len(name) :]
-    if rest.startswith(" "):  # `\boxed 5$`: up to the end of the math
-        return rest[1:].split("$")[0].strip()
-    if not rest.startswith("{"):
-        return None
+        start = text.rfind("\\fbox")
+        if start < 0:
+            return None
     depth = 0
-    for i, ch in enumerate(rest):
-        depth += ch == "{"
-        depth -= ch == "}"
-        if depth == 0:
-            return rest[1:i]
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start : i + 1]
     return None
 
 
-def _braced_fracs(s: str) -> str:
-    """`\\frac12` -> `\\frac{1}{2}`, `\\frac1{72}` -> `\\frac{1}{72}`: single-character arguments braced."""
-    head, *parts = s.split("\\frac")
+def unbox(boxed: str) -> str | None:
+    """The content of `\\boxed{...}` or `\\boxed ...`; None for any other wrapper (verl's assertion fails)."""
+    if "\\boxed " in boxed:
+        return boxed[len("\\boxed ") :] if boxed.startswith("\\boxed ") else None
+    if boxed.startswith("\\boxed{") and boxed.endswith("}"):
+        return boxed[len("\\boxed{") : -1]
+    return None
+
+
+def _fix_sqrt(s: str) -> str:
+    """`\\sqrt3` -> `\\sqrt{3}`; an argument-less `\\sqrt` at the end is not normalisable."""
+    head, *parts = s.split("\\sqrt")
     out = head
     for part in parts:
-        out += "\\frac"
-        if part.startswith("{") or len(part) < 2:
-            out += part
-            continue
-        a, b, tail = part[0], part[1], part[2:]
-        out += "{" + a + "}" + (b + tail if b == "{" else "{" + b + "}" + tail)
+        if not part:
+            raise _NotNormalised
+        out += "\\sqrt" + (part if part[0] == "{" else "{" + part[0] + "}" + part[1:])
     return out
 
 
-def _slash_to_frac(s: str) -> str:
-    """`3/4` (two integers) -> `\\frac{3}{4}`, `-3/4` -> `-\\frac{3}{4}`."""
-    m = re.fullmatch(r"(-?)(\d+)/(\d+)", s)
-    return f"{m.group(1)}\\frac{{{m.group(2)}}}{{{m.group(3)}}}" if m else s
+def _fix_fracs(s: str) -> str:
+    """`\\frac12` -> `\\frac{1}{2}`, `\\frac1{72}` -> `\\frac{1}{72}`; a `\\frac` with under two characters after
+    it leaves the whole string as it was (and one with none cannot be normalised)."""
+    head, *parts = s.split("\\frac")
+    out = head
+    for part in parts:
+        if not part:
+            raise _NotNormalised
+        out += "\\frac"
+        if part[0] == "{":
+            out += part
+            continue
+        if len(part) < 2:
+            return s
+        a, b, rest = part[0], part[1], part[2:]
+        out += "{" + a + "}" + (b + rest if b == "{" else "{" + b + "}" + rest)
+    return out
+
+
+def _fix_slash(s: str) -> str:
+    """`3/4` (two integers written plainly) -> `\\frac{3}{4}`."""
+    parts = s.split("/")
+    if len(parts) != 2:
+        return s
+    try:
+        a, b = int(parts[0]), int(parts[1])
+    except ValueError:
+        return s
+    return f"\\frac{{{a}}}{{{b}}}" if s == f"{a}/{b}" else s
 
 
 def normalize(answer: str) -> str:
-    """An answer in the canonical spelling that MATH's evaluation compares."""
+    """An answer in the canonical spelling that MATH's evaluation compares (_NotNormalised where verl's raises)."""
     s = answer.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
     s = s.replace("tfrac", "frac").replace("dfrac", "frac")
     s = s.replace("\\left", "").replace("\\right", "")
     s = s.replace("^{\\circ}", "").replace("^\\circ", "")
-    s = s.replace("\\$", "").replace("$", "")
-    if "\\text{ " in s:  # a unit after the number: "10\text{ cm}"
-        s = s.split("\\text{ ")[0]
-    s = s.replace("\\%", "").replace("%", "")
+    s = s.replace("\\$", "")
+    if "\\text{ " in s:  # a unit after the value: "10\text{ cm}"
+        pieces = s.split("\\text{ ")
+        if len(pieces) != 2:
+            raise _NotNormalised
+        s = pieces[0]
+    s = s.replace("\\\\%", "").replace("\\%", "")  # "\\%" survives the "\\" -> "\" above after a third "\"
     s = s.replace(" .", " 0.").replace("{.", "{0.")
-    if s.startswith("."):
+    if not s:
+        return s
+    if s[0] == ".":
         s = "0" + s
-    lhs, eq, rhs = s.partition("=")
-    if eq and "=" not in rhs and len(lhs.strip()) <= 2:  # "x = 5", "k=3": the value
-        s = rhs
-    s = re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", s)
+    lhs, *rhs = s.split("=")
+    if len(rhs) == 1 and len(lhs) <= 2:  # "k = 3": the value
+        s = rhs[0]
+    s = _fix_sqrt(s) if "\\sqrt" in s else s
     s = s.replace(" ", "")
-    s = _braced_fracs(s)
+    s = _fix_fracs(s)
     if s == "0.5":
         s = "\\frac{1}{2}"
-    s = re.sub(r"^\\frac\{-(\d+)\}\{(\d+)\}$", r"-\\frac{\1}{\2}", s)  # the sign outside, as in -3/4
-    return _slash_to_frac(s)
+    return _fix_slash(s)
 
 
 def is_equiv(answer: str | None, truth: str | None) -> bool:
+    """verl's equivalence: the normalised texts are equal (the texts as written where one does not normalise)."""
     if answer is None or truth is None:
-        return False
-    return normalize(answer) == normalize(truth)
+        return answer is None and truth is None
+    try:
+        return normalize(answer) == normalize(truth)
+    except _NotNormalised:
+        return answer == truth
+
+
+def check_ground_truth(ground_truth: Any) -> str:
+    if not isinstance(ground_truth, str):
+        raise ValueError(
+            f"MATH ground_truth must be the answer as text (e.g. '\\\\frac{{1}}{{2}}'), as verl's files hold it, got "
+            f"{type(ground_truth).__name__} {ground_truth!r}: verl compares it as text and would score every answer 0"
+        )
+    return ground_truth
 
 
 def compute_score(solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
-    """1.0 when the response's last \\boxed{} answer equals `ground_truth` (MATH's normalisation), else 0.0.
-
-    `ground_truth` is the answer itself (verl's MATH parquet stores the boxed content of the reference
-    solution), or a full solution holding a \\boxed{}.
-    """
-    if not isinstance(ground_truth, str | int | float):
-        raise ValueError(
-            f"MATH ground_truth must be the answer as text (e.g. '\\\\frac{{1}}{{2}}'), got "
-            f"{type(ground_truth).__name__} {ground_truth!r}"
-        )
-    truth = str(ground_truth)
-    truth = last_boxed(truth) if any(box in truth for box in _BOXES) else truth
-    return 1.0 if is_equiv(last_boxed(solution_str), truth) else 0.0
+    """1.0 when the response's last boxed answer equals `ground_truth` (the answer itself, as verl's MATH files
+    hold it) after MATH's normalisation, else 0.0."""
+    truth = check_ground_truth(ground_truth)
+    boxed = last_boxed(solution_str)
+    answer = unbox(boxed) if boxed is not None else None
+    return 1.0 if answer is not None and is_equiv(answer, truth) else 0.0

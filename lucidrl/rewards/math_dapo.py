@@ -1,24 +1,24 @@
 """DAPO's math rule (verl's `math_dapo`, which verl's default_compute_score uses for data_source `math`,
-`math_dapo`, `math_dapo_reasoning` and `aime*`): the last "Answer: ..." line of the response, in
-its last 300 characters, compared with the ground truth after the answer normalisation of Minerva
-(Lewkowycz et al. 2022, appendix D); +1 when equal, -1 otherwise (no answer included), with `acc`.
-With no "Answer:" line, the last `\\boxed{}` of the last 100 characters is read instead, as current
-verl does; `strict_box_verify` (DAPO's strict mode) reads only that, compared exactly.
-verl also returns the normalised prediction as "pred"; it is text, not a metric, so it is left out
-here (`extract_answer` and `normalize_answer` give it).
+`math_dapo`, `math_dapo_reasoning` and `aime*`): the last "Answer: ..." line of the response's last 300
+characters, compared with the ground truth after the answer normalisation of Minerva (Lewkowycz et al.
+2022, appendix D); +1 when equal, -1 otherwise (no "Answer:" line included), with `acc`. verl also
+returns the normalised prediction as "pred"; it is text, not a metric, so it is left out here
+(`extract_answer` and `normalize_answer` give it).
 
 The normalisation keeps what follows the last "=", drops spaces, articles, "\\$", unit words and
 `\\text{}`, `\\textbf{}`, `\\overline{}` and `\\boxed{}` wrappers, writes `\\frac12` as `\\frac{1}{2}` and
 `\\sqrt2` as `\\sqrt{2}`, and drops thousands separators in a plain number. It does no algebra:
 `0.5` and `\\frac{1}{2}` differ, as they do in verl.
+
+`strict_box_verify=True` (DAPO's strict mode; verl's keyword) reads only the last `\\boxed{}` of the last
+100 characters and compares it exactly. `boxed_fallback=True` (off by default; a documented difference
+from verl) reads that box, normalised, where the response has no "Answer:" line.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
-
-from lucidrl.rewards.math import last_boxed
 
 TAIL_CHARS = 300  # the answer is looked for in the response's end only, as in DAPO
 BOX_TAIL_CHARS = 100  # a \\boxed{} answer in the last 100 of those, as verl's is_correct_strict_box
@@ -46,7 +46,17 @@ _DROP = (
     "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;",
     r",\!", "{,}", '"', "\\dots",
 )  # fmt: skip
-_WRAPPERS = ("text", "textbf", "overline", "boxed")
+# each applied to every match, in this order; the box is greedy, so a box holding braces keeps them all
+# (a lazy one turned \boxed{\frac{1}{2}} into \frac{1{2}})
+_SUBS = (
+    (re.compile(r"(.*?)(\$)(.*?)(\$)(.*)"), r"$\3$"),  # the math between a line's first pair of dollars
+    (re.compile(r"(\\text\{)(.*?)(\})"), r"\2"),
+    (re.compile(r"(\\textbf\{)(.*?)(\})"), r"\2"),
+    (re.compile(r"(\\overline\{)(.*?)(\})"), r"\2"),
+    (re.compile(r"(\\boxed\{)(.*)(\})"), r"\2"),
+    (re.compile(r"(frac)([^{])(.)"), r"frac{\2}{\3}"),
+    (re.compile(r"(sqrt)([^{])"), r"sqrt{\2}"),
+)
 
 
 def normalize_answer(answer: str) -> str:
@@ -56,13 +66,8 @@ def normalize_answer(answer: str) -> str:
         text = text.replace(written, normal)
     for unit in _DROP:
         text = text.replace(unit, "")
-    match = re.search(r"\$(.*?)\$", text)  # the math between the first pair of dollars
-    if match:
-        text = f"${match.group(1)}$"
-    for name in _WRAPPERS:
-        text = re.sub(r"\\" + name + r"\{(.*?)\}", r"\1", text)
-    text = re.sub(r"(frac)([^{])(.)", r"frac{\2}{\3}", text)
-    text = re.sub(r"(sqrt)([^{])", r"sqrt{\2}", text)
+    for pattern, replacement in _SUBS:
+        text = pattern.sub(replacement, text)
     text = text.replace("$", "")
     if text.replace(",", "").isdigit():
         text = text.replace(",", "")
@@ -76,28 +81,44 @@ def extract_answer(solution_str: str) -> str:
 
 
 def boxed_answer(solution_str: str) -> str | None:
-    """The last \\boxed{} in the response's last BOX_TAIL_CHARS characters (of its last TAIL_CHARS), or None."""
-    return last_boxed(solution_str[-TAIL_CHARS:][-BOX_TAIL_CHARS:])
+    """The content of the last \\boxed{} in the response's last BOX_TAIL_CHARS characters (of its last
+    TAIL_CHARS), braces balanced, or None."""
+    text = solution_str[-TAIL_CHARS:][-BOX_TAIL_CHARS:]
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if text[i] == "}" and depth == 0:
+            return text[start + len("\\boxed{") : i]
+    return None
+
+
+def check_ground_truth(ground_truth: Any) -> str:
+    if not isinstance(ground_truth, str):
+        raise ValueError(
+            f"math_dapo ground_truth must be the answer as text, as verl's files hold it, got "
+            f"{type(ground_truth).__name__} {ground_truth!r} (verl's normalisation fails on it)"
+        )
+    return ground_truth
 
 
 def compute_score(
-    solution_str: str, ground_truth: Any, extra_info: Any = None, strict_box_verify: bool = False
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Any = None,
+    strict_box_verify: bool = False,
+    boxed_fallback: bool = False,
 ) -> dict[str, float]:
-    """{"score": 1.0 or -1.0, "acc": 1.0 or 0.0}.
-
-    As verl's: the last "Answer:" line, and where there is none the last \\boxed{} in the last 100
-    characters, each compared after normalisation. `strict_box_verify=True` (DAPO's strict mode; pass it
-    through reward.custom_function.reward_kwargs to a function that calls this one) reads the boxed
-    answer only, and compares it with the ground truth exactly as written, without normalisation.
-    """
-    truth = str(ground_truth)
+    """{"score": 1.0 or -1.0, "acc": 1.0 or 0.0}, as verl's (see the module docstring for the options)."""
+    truth = check_ground_truth(ground_truth)
     if strict_box_verify:
         right = boxed_answer(solution_str) == truth
     else:
         answer = extract_answer(solution_str)
-        if answer != INVALID:
-            right = normalize_answer(answer) == normalize_answer(truth)
-        else:
+        if answer == INVALID and boxed_fallback:
             boxed = boxed_answer(solution_str)
-            right = boxed is not None and normalize_answer(boxed) == normalize_answer(truth)
+            answer = boxed if boxed is not None else INVALID
+        right = normalize_answer(answer) == normalize_answer(truth)
     return {"score": 1.0 if right else -1.0, "acc": float(right)}

@@ -1,5 +1,10 @@
 """Choosing a rule reward by a row's `data_source` (verl's `default_compute_score`), plus user registration.
 
+Each built-in rule scores as the project it comes from does on the same text (tests/test_reward_parity.py
+runs verl's, TinyZero's and Logic-RL's functions beside them): GSM8K, MATH and DAPO's math as verl's,
+Countdown as TinyZero's, Knights & Knaves as Logic-RL's. docs/migration.md lists the options that
+differ, each off by default.
+
 A reward function registered here takes `(solution_str, ground_truth, extra_info=None)` and returns a
 float or a dict holding "score" and extra metrics. Add one with the decorator:
 
@@ -10,7 +15,7 @@ float or a dict holding "score" and extra metrics. Add one with the decorator:
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from lucidrl.diagnostics.errors import UserError
@@ -24,8 +29,7 @@ class UnknownDataSourceError(UserError, ValueError):
 
 
 REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "kk_logic": kk.compute_score,
-    "kk": kk.compute_score,
+    **dict.fromkeys(kk.KK_SOURCES, kk.compute_score),
     "openai/gsm8k": gsm8k.compute_score,
     "gsm8k": gsm8k.compute_score,
     # verl's MATH sources
@@ -47,21 +51,56 @@ def known_data_sources() -> list[str]:
     return sorted(REWARD_FUNCTIONS)
 
 
-def get_reward_function(data_source: str) -> Callable[..., Any]:
-    """The reward function for `data_source`; UnknownDataSourceError naming the close match otherwise."""
+def _lookup(data_source: str) -> Callable[..., Any] | None:
     fn = REWARD_FUNCTIONS.get(data_source)
-    if fn is not None:
-        return fn
-    if str(data_source).startswith("aime"):  # verl's prefix rule: aime2024, aime2025, ...
+    if fn is None and str(data_source).startswith("aime"):  # verl's prefix rule: aime2024, aime2025, ...
         return math_dapo.compute_score
+    if fn is None and "countdown" in str(data_source):  # TinyZero's rule: any source naming it
+        return countdown.compute_score
+    return fn
+
+
+def _what_to_do(data_source: str) -> str:
+    """For a data_source without a reward function: the close match, the known ones, how to add one."""
     known = known_data_sources()
     close = difflib.get_close_matches(str(data_source), known, n=1, cutoff=0.5)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = f"Did you mean {close[0]!r}? " if close else ""
+    return (
+        f"{hint}Known data sources: {known}. For your own task, set reward.custom_function.path (a .py file) "
+        f"and reward.custom_function.name (the function in it), or decorate a function with "
+        f"@register_reward({data_source!r})."
+    )
+
+
+def get_reward_function(data_source: str) -> Callable[..., Any]:
+    """The reward function for `data_source`; UnknownDataSourceError naming the close match otherwise."""
+    fn = _lookup(data_source)
+    if fn is not None:
+        return fn
     # One string argument only: an exception with a richer __init__ cannot be unpickled across processes.
     raise UnknownDataSourceError(
-        f"no reward function for data_source {data_source!r}.{hint} Known data sources: {known}. "
-        f"For your own task, set reward.custom_function.path (a .py file) and reward.custom_function.name "
-        f"(the function in it), or decorate a function with @register_reward({data_source!r})."
+        f"no reward function for data_source {data_source!r}. {_what_to_do(data_source)}"
+    )
+
+
+def check_data_sources(rows: Iterable[tuple[str, str]], what: str) -> None:
+    """UnknownDataSourceError unless every row's data_source has a reward function; `rows` are
+    (data_source, where) pairs ("FILE row I"), `what` the config key of their files.
+
+    Run before the first step, on every row: a data_source found only when its row is scored ended a
+    run at the step that drew it, or (in a validation file) after all the training steps."""
+    first: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for data_source, where in rows:
+        first.setdefault(data_source, where)
+        counts[data_source] = counts.get(data_source, 0) + 1
+    unknown = [ds for ds in first if _lookup(ds) is None]
+    if not unknown:
+        return
+    listed = "; ".join(f"{ds!r} ({counts[ds]} rows, the first {first[ds]})" for ds in unknown)
+    raise UnknownDataSourceError(
+        f"{what}: no reward function for data_source {listed}. {_what_to_do(unknown[0])} "
+        "(Every row is checked before the first step: nothing was trained.)"
     )
 
 

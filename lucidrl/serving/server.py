@@ -14,250 +14,31 @@ Binds to 127.0.0.1 by default; any other address must be asked for explicitly.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
-import itertools
 import json
 import logging
+import select
 import signal
+import socket
 import sys
 import threading
-import time
 import traceback
-import uuid
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import torch
 
-from lucidrl.batch import Batch
 from lucidrl.diagnostics.errors import UsageError
-from lucidrl.protocol import (
-    WEIGHTS_PATH,
-    CompletionRequest,
-    RequestError,
-    error_body,
-    model_fingerprint,
-    parse_completion_request,
+from lucidrl.protocol import WEIGHTS_PATH, RequestError, error_body
+from lucidrl.serving.engine import (
+    DEFAULT_MAX_QUEUED,
+    DEFAULT_MAX_REQUEST_SAMPLES,
+    CompletionEngine,
+    RequestCancelled,
 )
-from lucidrl.workers.forward import response_log_probs
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
 
 log = logging.getLogger("lucidrl.serving")
 MAX_BODY_BYTES = 64 * 1024 * 1024
-# prompts x n one request may ask for: a request for millions of samples would hold the server for hours
-# and their tokens in memory; a trainer's step asks for its rank's batch x rollout.n
-DEFAULT_MAX_REQUEST_SAMPLES = 65536
-
-
-class CompletionEngine:
-    """Turns validated completion requests into OpenAI responses, one request at a time."""
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        tokenizer: Any,
-        model_name: str,
-        *,
-        max_batch: int = 64,
-        accept_weights: bool = False,
-        max_request_samples: int | None = DEFAULT_MAX_REQUEST_SAMPLES,
-    ):
-        self.model = model.eval()
-        self.max_request_samples = max_request_samples
-        self.accept_weights = accept_weights
-        self.weights_version = 0  # weight updates taken so far
-        self.tokenizer = tokenizer
-        self.model_name = model_name
-        self.rollout = HFRollout(model, tokenizer, micro_batch_size=max_batch)
-        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
-        self.max_positions = getattr(model.config, "max_position_embeddings", None)
-        self.created = int(time.time())
-        self._lock = threading.Lock()
-
-    def parse(self, body: Any) -> CompletionRequest:
-        return parse_completion_request(
-            body,
-            served_model=self.model_name,
-            tokenizer=self.tokenizer,
-            vocab_size=self.vocab_size,
-            max_positions=self.max_positions,
-            max_samples=self.max_request_samples,
-        )
-
-    def complete(self, req: CompletionRequest) -> dict[str, Any]:
-        """Generate n samples per prompt; choices are ordered prompt-major (prompt i, sample j at i*n+j)."""
-        do_sample = req.temperature > 0
-        # greedy with log-probs: the argmax decoded, then scored by one forward at temperature 1 (top_k=1
-        # sampling, as before, drew among exactly tied top logits: not the argmax every time)
-        params = SamplingParams(
-            n=req.n,
-            do_sample=do_sample,
-            temperature=req.temperature if do_sample else 1.0,
-            top_p=req.top_p if do_sample else 1.0,
-            top_k=req.top_k if do_sample else -1,
-            max_new_tokens=req.max_tokens,
-        )
-        with self._lock:
-            if req.seed is None:
-                samples = self._generate(req.prompts, params, req.logprobs is not None)
-            else:  # as vLLM: a prompt's samples depend on (seed, prompt) only, not on the other prompts
-                samples = []
-                for prompt in req.prompts:
-                    with _seeded(req.seed, self._device()):
-                        samples += self._generate([prompt], params, req.logprobs is not None)
-        choices, completion_tokens = [], 0
-        for i, (ids, logps) in enumerate(samples):
-            completion_tokens += len(ids)
-            choice: dict[str, Any] = {
-                "index": i,
-                "text": self.tokenizer.decode(ids, skip_special_tokens=True),
-                "logprobs": None,
-                "finish_reason": "stop" if ids and ids[-1] in self.rollout.eos_ids else "length",
-                "stop_reason": None,
-            }
-            if logps is not None:
-                # text pieces, as vLLM and OpenAI send them (not the vocabulary's byte-level pieces, which
-                # join to other text and are null for ids past the tokenizer's end)
-                pieces = [self.tokenizer.decode([t], skip_special_tokens=True) for t in ids]
-                # a running sum (summing every prefix was quadratic: 2.4 s a choice at 8192 tokens)
-                offsets = [0, *itertools.accumulate(len(p) for p in pieces)][: len(pieces)]
-                choice["logprobs"] = {
-                    "tokens": pieces,
-                    "token_logprobs": logps,
-                    "top_logprobs": [{p: lp} for p, lp in zip(pieces, logps, strict=True)],
-                    "text_offset": offsets,
-                }
-            if req.return_token_ids:
-                choice["token_ids"] = ids
-                choice["prompt_token_ids"] = req.prompts[i // req.n]
-            choices.append(choice)
-        prompt_tokens = sum(len(p) for p in req.prompts)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
-        }
-
-    def _generate(
-        self, prompts: list[list[int]], params: SamplingParams, with_logprobs: bool
-    ) -> list[tuple[list[int], list[float] | None]]:
-        """(token ids up to and including eos, their log-probs) per sample, n per prompt in order."""
-        out = self.rollout.generate(self._prompt_batch(prompts), params)
-        if with_logprobs and not params.do_sample:
-            with torch.no_grad():
-                lp, _ = response_log_probs(
-                    self.model, out, temperature=1.0, with_entropy=False, share_prompt=False
-                )
-            out.set("rollout_log_probs", lp * out["response_mask"])
-        lengths = out["response_mask"].sum(dim=1).tolist()
-        logps = out["rollout_log_probs"].tolist() if with_logprobs else None
-        rows = []
-        for i, (row, length) in enumerate(zip(out["responses"].tolist(), lengths, strict=True)):
-            rows.append((row[: int(length)], logps[i][: int(length)] if logps is not None else None))
-        return rows
-
-    def weights_status(self) -> dict[str, Any]:
-        return {
-            "accepts": self.accept_weights,
-            "version": self.weights_version,
-            "parameters": sum(1 for _ in self.model.named_parameters()),
-            "max_bytes": self.max_weights_bytes(),
-            # what the served checkpoint computes, for the trainer to compare with its actor's
-            "config": model_fingerprint(self.model.config),
-        }
-
-    def max_weights_bytes(self) -> int:
-        """The largest weights body accepted: the parameters in float64, plus room for the header."""
-        return sum(p.numel() * 8 for p in self.model.parameters()) + (16 << 20)
-
-    def load_weights(self, raw: bytes) -> dict[str, Any]:
-        """Replace every parameter from a safetensors payload; refuse a partial or mis-shaped set."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load
-
-        if not self.accept_weights:
-            raise RequestError(
-                "this server does not take weight updates; start it with `lucidrl serve MODEL "
-                "--accept-weights` to let a trainer push its weights",
-                None,
-                status=403,
-            )
-        try:
-            new = load(raw)
-        except (SafetensorError, ValueError) as e:
-            raise RequestError(f"the weights body is not a safetensors file: {e}", None) from e
-        own = dict(self.model.named_parameters())
-        missing, unexpected = sorted(set(own) - set(new)), sorted(set(new) - set(own))
-        if missing or unexpected:
-            raise RequestError(
-                f"the weights do not match the served model {self.model_name}: {len(missing)} parameter(s) "
-                f"missing (first: {missing[:3]}), {len(unexpected)} unexpected (first: {unexpected[:3]}); "
-                "push every parameter of the same architecture, by its named_parameters() name",
-                None,
-            )
-        bad = [
-            f"{k} {tuple(v.shape)} != {tuple(own[k].shape)}"
-            for k, v in new.items()
-            if v.shape != own[k].shape
-        ]
-        bad += [
-            f"{k} is {v.dtype}, not a floating-point tensor"
-            for k, v in new.items()
-            if not v.is_floating_point()
-        ]
-        if bad:
-            raise RequestError(f"{len(bad)} parameter(s) have the wrong shape or dtype: {bad[:3]}", None)
-        nonfinite = [k for k, v in new.items() if v.is_floating_point() and not torch.isfinite(v).all()]
-        if nonfinite:
-            raise RequestError(f"{len(nonfinite)} parameter(s) hold NaN or inf: {nonfinite[:3]}", None)
-        with self._lock, torch.no_grad():  # between generations, never during one
-            for k, v in new.items():
-                own[k].copy_(v)
-            self.weights_version += 1
-        return {"version": self.weights_version, "parameters": len(new)}
-
-    def models(self) -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "lucidrl"}
-            ],
-        }
-
-    def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    def _prompt_batch(self, prompts: list[list[int]]) -> Batch:
-        """Left-pad token id lists into `prompts (bs, P)` and `prompt_mask (bs, P)`, as collate does."""
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p) :] = 1
-        device = self._device()
-        return Batch(tensors={"prompts": ids.to(device), "prompt_mask": mask.to(device)})
-
-
-@contextlib.contextmanager
-def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
-    """Seed the sampler for one request without disturbing the process's random state."""
-    if seed is None:
-        yield
-        return
-    devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -281,21 +62,34 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0].rstrip("/")
-        if path not in ("/v1/completions", WEIGHTS_PATH):
+        if path not in ("/v1/completions", "/v1/chat/completions", WEIGHTS_PATH):
             self._not_found(path)
             return
         engine = self.server.engine
         try:
             if path == WEIGHTS_PATH:
                 self._send(200, engine.load_weights(self._read_body(engine.max_weights_bytes())))
-                return
-            req = engine.parse(self._read_json())
-            self._send(200, engine.complete(req))
+            elif path == "/v1/chat/completions":
+                self._send(200, engine.chat(self._read_json(), self._client_gone))
+            else:
+                self._send(200, engine.complete(engine.parse(self._read_json()), self._client_gone))
+        except RequestCancelled:  # nobody to answer: the next request gets the model
+            log.info("%s left; its request stopped after %d steps", self.address_string(), engine.last_steps)
+            self.close_connection = True
         except RequestError as e:
             self._send(e.status, e.body())
         except Exception as e:  # a generation failure must reach the client, not just the server log
             log.error("completion failed:\n%s", traceback.format_exc())
             self._send(500, error_body(f"{type(e).__name__}: {e}", None, type_="internal_server_error"))
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its connection: readable with nothing to read (a peek, so a
+        pipelined next request stays in the socket)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):  # reset by the peer, or closed
+            return True
 
     def _read_body(self, limit: int) -> bytes:
         length = self.headers.get("Content-Length")
@@ -324,7 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
             404,
             error_body(
                 f"no route {self.command} {path}; this server has GET /health, GET /v1/models, "
-                f"POST /v1/completions, GET and POST {WEIGHTS_PATH}",
+                f"POST /v1/completions, POST /v1/chat/completions, GET and POST {WEIGHTS_PATH}",
                 None,
                 type_="not_found_error",
             ),
@@ -434,6 +228,7 @@ def make_server(
     device: str | None = None,
     accept_weights: bool = False,
     max_request_samples: int | None = DEFAULT_MAX_REQUEST_SAMPLES,
+    max_queued: int = DEFAULT_MAX_QUEUED,
 ) -> tuple[ThreadingHTTPServer, ServerHandle]:
     """Bind a completions server for the HF model folder `model_path`; call handle.start() to serve.
 
@@ -454,6 +249,10 @@ def make_server(
         raise UsageError(f"--port {port} is not a TCP port: use 1-65535, or 0 for a free one")
     if max_request_samples is not None and max_request_samples < 1:
         raise UsageError(f"--max-request-samples={max_request_samples} must be >= 1")
+    if max_queued < 0:
+        raise UsageError(
+            f"--max-queued={max_queued} must be >= 0 (0: refuse any request while one generates)"
+        )
     try:
         server = _Server((host, port), _Handler, bind_and_activate=True)
     except OSError as e:
@@ -473,6 +272,7 @@ def make_server(
             max_batch=max_batch,
             accept_weights=accept_weights,
             max_request_samples=max_request_samples,
+            max_queued=max_queued,
         )
     except BaseException:
         server.server_close()
@@ -489,6 +289,7 @@ def run_server(
     dtype: torch.dtype = torch.float32,
     accept_weights: bool = False,
     max_request_samples: int | None = DEFAULT_MAX_REQUEST_SAMPLES,
+    max_queued: int = DEFAULT_MAX_QUEUED,
 ) -> None:
     """The `lucidrl serve` command: serve until SIGINT or SIGTERM, then shut down cleanly."""
     explicit = host is not None
@@ -509,6 +310,7 @@ def run_server(
         dtype=dtype,
         accept_weights=accept_weights,
         max_request_samples=max_request_samples,
+        max_queued=max_queued,
     )
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -516,7 +318,7 @@ def run_server(
         handle.start()
         print(
             f"serving {model_path} at {handle.url} (port {handle.port}): POST /v1/completions, "
-            "GET /v1/models, GET /health"
+            "POST /v1/chat/completions, GET /v1/models, GET /health"
             + (f", POST {WEIGHTS_PATH} (weight updates accepted)" if accept_weights else "")
             + ". Ctrl-C stops.",
             flush=True,

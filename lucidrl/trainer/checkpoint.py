@@ -1,5 +1,5 @@
-"""Checkpoints of RL and SFT runs: save every `trainer.save_freq` steps, resume where a run stopped,
-export to HuggingFace.
+"""Checkpoints of RL and SFT runs: save every `trainer.save_freq` steps, resume where a run stopped
+(`lucidrl export` turns one into a HuggingFace folder: trainer/export.py).
 
 A checkpoint is `RUN_DIR/checkpoints/global_step_N/`:
 
@@ -14,9 +14,13 @@ A checkpoint is `RUN_DIR/checkpoints/global_step_N/`:
     config.yaml            the config the run had when it saved
 
 It is written under a `.tmp` name and renamed when complete; `checkpoints/latest` names the newest
-complete one, so a run killed mid-save resumes from the one before. Resuming restores all of the
+complete one, so a run killed mid-save resumes from the one before; a save that fails (a full disk)
+removes its `.tmp` folder and says what to free (trainer/save_failure.py). Resuming restores all of the
 above in every worker group, then refuses if a key that gives the saved state its meaning changed
-(FROZEN_KEYS, SFT_FROZEN_KEYS) and lists the keys that changed otherwise.
+(FROZEN_KEYS, SFT_FROZEN_KEYS) and lists the keys that changed otherwise. A file that cannot be read
+is an error naming it and the earlier checkpoints (workers/checkpoint_files.py); RNG files are read
+as tensors and numbers only, but torch.distributed.checkpoint unpickles `.metadata`: resume only
+checkpoints from a source you trust.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +39,13 @@ import yaml
 
 from lucidrl.config import flat_keys
 from lucidrl.models.saving import fsync_dir, fsync_tree
+from lucidrl.trainer.save_failure import removed_on_failure
+from lucidrl.workers.checkpoint_files import damaged, missing, read_json
 from lucidrl.workers.train_state import (
     CheckpointError,
     check_train_state,
     process_rng_state,
-    set_process_rng_state,
+    restore_rng_file,
 )
 
 log = logging.getLogger(__name__)
@@ -205,6 +213,24 @@ def begin(run_dir: Path, step: int) -> Path:
     return tmp
 
 
+@contextmanager
+def writing(run_dir: Path, step: int) -> Iterator[Path]:
+    """`begin`'s temporary folder, removed again when the block raises: a failed save (a full disk, a
+    worker that died, a second Ctrl-C) leaves no half-written folder behind. Running out of space is
+    a CheckpointError that says so, with the space free and needed (trainer/save_failure.py)."""
+    with removed_on_failure(begin(run_dir, step), latest_name(run_dir)) as tmp:
+        yield tmp
+
+
+def latest_name(run_dir: Path) -> Path | None:
+    """The checkpoint `latest` names (not checked), or None."""
+    pointer = checkpoints_dir(run_dir) / LATEST
+    try:
+        return pointer.parent / pointer.read_text().strip() if pointer.is_file() else None
+    except OSError:
+        return None
+
+
 def commit(tmp: Path, keep: int | None) -> Path:
     """Rename the finished `tmp` into place, point `latest` at it, and keep the newest `keep` checkpoints."""
     final = tmp.with_name(tmp.name.removesuffix(".tmp"))
@@ -259,13 +285,36 @@ def write_trainer_state(path: Path, state: dict[str, Any], config: dict[str, Any
     torch.save(process_rng_state(), path / "rng.pt")
 
 
+def read_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's trainer_state.json (CheckpointError naming it when it is no such file)."""
+    state = read_json(path / STATE, "the trainer's state")
+    needed = ("global_step", "batches_drawn")
+    if any(not isinstance(state.get(k), int) for k in needed):
+        raise damaged(path / STATE, "the trainer's state", ValueError(f"no integer {' and '.join(needed)}"))
+    return state
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The config a checkpoint was saved with (its config.yaml)."""
+    file = path / "config.yaml"
+    if not file.is_file():
+        raise missing(file, "the config the run saved with")
+    try:
+        config = yaml.safe_load(file.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise damaged(file, "the config the run saved with", exc) from exc
+    if not isinstance(config, dict):
+        raise damaged(file, "the config the run saved with", ValueError("not a mapping of keys"))
+    return config
+
+
 def resumable(
     path: Path, config: dict[str, Any], *, kind: str = "rl"
 ) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
     """(trainer state, config changes worth announcing) of resuming a `kind` run ("rl" or "sft") from
-    `path` with `config`; refuses (CheckpointError) another command's checkpoint, or a change to a key
-    the saved state depends on."""
-    state = json.loads((path / STATE).read_text())
+    `path` with `config`; refuses (CheckpointError) another command's checkpoint, a file missing or
+    unreadable, or a change to a key the saved state depends on."""
+    state = read_state(path)
     saved = state.get("kind", "rl")
     if saved != kind:
         raise CheckpointError(
@@ -275,14 +324,16 @@ def resumable(
     for role in ("actor", "critic"):
         if role == "actor" or (path / role).exists():
             check_train_state(path / role)
-    changes = config_changes(yaml.safe_load((path / "config.yaml").read_text()), config)
+    if not (path / "rng.pt").is_file():  # found now, before a worker group loads anything
+        raise missing(path / "rng.pt", "the trainer process's RNG state")
+    changes = config_changes(read_config(path), config)
     refuse_frozen_changes(changes, path, SFT_FROZEN_KEYS if kind == "sft" else FROZEN_KEYS)
     return state, {k: v for k, v in changes.items() if k not in RESUME_KEYS}
 
 
 def restore_rng(path: Path) -> None:
-    """This process's RNG states as the checkpoint saved them."""
-    set_process_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    """This process's RNG states as the checkpoint saved them (read as tensors and numbers only)."""
+    restore_rng_file(path / "rng.pt")
 
 
 class _Missing:
@@ -325,66 +376,3 @@ def refuse_frozen_changes(
             "the old value; put it back, or start a new run (another trainer.experiment_name, or "
             "trainer.resume_mode=disable with trainer.overwrite=true)"
         )
-
-
-def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
-    """A HuggingFace folder of a checkpoint's actor, in the run's model.dtype.
-
-    The checkpoint's `actor/model` already loads with `from_pretrained`; export checks that it does and
-    writes it as save_pretrained would (one `model.safetensors`, tied weights once). OUT must be new or
-    empty; with `overwrite`, an existing model folder (holding config.json) is replaced.
-    """
-    from lucidrl.config import LucidConfig, config_from_dict
-    from lucidrl.models import load_model, load_run_tokenizer, load_tokenizer
-    from lucidrl.models.loading import DTYPES, ModelLoadError
-    from lucidrl.models.lora import ADAPTER, quiet_peft
-    from lucidrl.models.saving import save_hf_folder
-    from lucidrl.workers.train_state import WEIGHTS
-
-    ckpt = check_checkpoint(path, key="CHECKPOINT")
-    target = Path(out)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        if not overwrite:
-            raise CheckpointError(
-                f"OUT={str(out)!r} exists and is not empty; give a new folder, or --overwrite"
-            )
-        if not (target / "config.json").is_file() or (target / "checkpoints").exists():
-            raise CheckpointError(
-                f"OUT={str(out)!r} is not a HuggingFace model folder (no config.json, or it holds checkpoints); "
-                "--overwrite only replaces a model folder: give a new folder"
-            )
-    from lucidrl.config import SFTConfig
-
-    kind = json.loads((ckpt / STATE).read_text()).get("kind", "rl")
-    cfg = config_from_dict(
-        yaml.safe_load((ckpt / "config.yaml").read_text()),
-        source=str(ckpt / "config.yaml"),
-        schema=SFTConfig if kind == "sft" else LucidConfig,
-    )
-    m = cfg.model
-    adapter = ckpt / "actor" / ADAPTER
-    if adapter.is_dir():  # LoRA: the adapters on the base model, merged
-        from peft import PeftModel
-
-        try:
-            base = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
-            tokenizer = load_run_tokenizer(m)
-        except ModelLoadError as exc:
-            raise ModelLoadError(
-                f"{exc}\n({ckpt} holds LoRA adapters only: export merges them into the run's base model, "
-                f"model.path={m.path!r}; run it from the folder the run started in)"
-            ) from exc
-        with quiet_peft():
-            model = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
-        return save_hf_folder(model, tokenizer, out)
-    weights = ckpt / "actor" / WEIGHTS
-    if not (weights / "config.json").is_file():
-        raise CheckpointError(
-            f"{ckpt} has no actor weights folder {weights} (a checkpoint written before the weights were "
-            "saved as safetensors there); export it with the lucidrl version that wrote it"
-        )
-    model = load_model(
-        str(weights), dtype=DTYPES[cfg.model.dtype], trust_remote_code=cfg.model.trust_remote_code
-    )
-    tokenizer = load_tokenizer(str(weights), pad_token=cfg.model.pad_token)
-    return save_hf_folder(model, tokenizer, out)

@@ -39,12 +39,18 @@ def score(batch: Batch, reward: RuleRewardManager, cfg: LucidConfig) -> Batch:
     return batch
 
 
-def remax_baselines(batch: Batch, rollout, reward: RuleRewardManager, cfg: LucidConfig) -> torch.Tensor:
-    """ReMax's baseline: the score of one greedy response per prompt. (prompts,)."""
+def remax_baselines(
+    batch: Batch, rollout, reward: RuleRewardManager, cfg: LucidConfig
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ReMax's baseline: the score of one greedy response per prompt, (prompts,); and which of those
+    scorings failed, (prompts,) bool, under reward.on_error mask or zero (else None)."""
     greedy = rollout.generate(
         batch, SamplingParams(n=1, do_sample=False, max_new_tokens=cfg.data.max_response_length)
     )
-    return score(greedy, reward, cfg)["token_level_scores"].sum(-1)
+    scored = score(greedy, reward, cfg)
+    return scored["token_level_scores"].sum(-1), scored[
+        "reward_failed"
+    ] if "reward_failed" in scored else None
 
 
 class FilterMetricError(UserError, ValueError):
@@ -108,11 +114,18 @@ class BatchCollector:
         with timer("gen", timings):
             self.rounds += 1
             batch = self.rollout.generate(prompts, setup.train_sampling(cfg, self.rounds))
+            baseline_failed = None
             if cfg.algorithm.adv_estimator == "remax":
-                baselines = remax_baselines(prompts, self.rollout, self.reward, cfg)
+                baselines, baseline_failed = remax_baselines(prompts, self.rollout, self.reward, cfg)
                 batch.set("reward_baselines", baselines.repeat_interleave(cfg.rollout.n))
         with timer("reward", timings):
-            return score(batch, self.reward, cfg)
+            batch = score(batch, self.reward, cfg)
+        if baseline_failed is not None and cfg.reward.on_error == "mask":
+            # without its baseline no sample of the prompt has an advantage: all of them are left out
+            batch.set(
+                "reward_failed", batch["reward_failed"] | baseline_failed.repeat_interleave(cfg.rollout.n)
+            )
+        return batch
 
     def collect(self, timings: dict[str, float]) -> tuple[Batch, dict[str, float]]:
         cfg = self.cfg

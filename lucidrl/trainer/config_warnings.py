@@ -29,7 +29,11 @@ def config_warnings(cfg: LucidConfig) -> list[str]:
             "faster than bfloat16 on CPUs without AMX (docs/performance.md); LUCIDRL_CPU_FLOAT32_ATTENTION=0 "
             "keeps it in bfloat16"
         )
-    if cfg.rollout.name == "vllm" and (cfg.model.compute_dtype or cfg.model.dtype) == "float32":
+    if (
+        cfg.rollout.name == "vllm"
+        and cfg.trainer.device.startswith("cuda")
+        and (cfg.model.compute_dtype or cfg.model.dtype) == "float32"
+    ):
         lines.append(
             "rollout.name=vllm in float32 (model.dtype=float32, no model.compute_dtype): vLLM's engine runs "
             "float32 only on slower attention backends; set model.compute_dtype=bfloat16 for it to generate "
@@ -40,6 +44,12 @@ def config_warnings(cfg: LucidConfig) -> list[str]:
         lines.append(
             "trainer.collapse watches nothing in this run: its one sign, min_mixed_groups_ratio, compares "
             "a prompt's samples and rollout.n=1 gives one; set trainer.collapse.min_entropy or max_score_drop"
+        )
+    t = cfg.trainer
+    if t.max_restarts and not t.save_freq:
+        lines.append(
+            f"trainer.max_restarts={t.max_restarts} with trainer.save_freq=0: a run restarted after a worker died "
+            "starts again from step 0, having no checkpoint to resume from; set trainer.save_freq"
         )
     if cfg.model.dtype == "bfloat16":
         trained = "actor's and critic's" if cfg.algorithm.adv_estimator == "gae" else "actor's"

@@ -16,9 +16,11 @@ from typing import Any
 import torch
 
 from lucidrl.batch import Batch
-from lucidrl.data.dataset import DatasetError, PromptSample, collate, load_prompts
+from lucidrl.data.dataset import DatasetError, PromptSample, collate, load_prompts, row_of
 from lucidrl.diagnostics.errors import UsageError
+from lucidrl.rewards.kk import people_count
 from lucidrl.rewards.manager import RuleRewardManager
+from lucidrl.rewards.registry import check_data_sources
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
 
 MODES = ("greedy", "sampled")
@@ -69,7 +71,12 @@ def _generate_and_score(
         n = len(batch)
         per_sample["prompt"].extend(start + i // params.n for i in range(n))
         per_sample["data_source"].extend(batch["data_source"])
-        per_sample["n_people"].extend(info.get("n_people") for info in batch["extra_info"])
+        per_sample["n_people"].extend(
+            people_count(ds, gt, info)
+            for ds, gt, info in zip(
+                batch["data_source"], batch["ground_truth"], batch["extra_info"], strict=True
+            )
+        )
         per_sample["score"].extend(seq_scores)
         # a built-in rule without an "acc" metric scores accuracy itself (not a custom function: its score
         # may be a format bonus or +-1); in a chunk mixing sources, the rows of such a source have NaN
@@ -180,6 +187,8 @@ def evaluate(
     rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size)
     path, _, name = (reward_function or "").partition(":")
     reward = RuleRewardManager.from_config(tokenizer, path or None, name or "compute_score")
+    if not path:  # the built-in rules: every row's data_source needs one, checked before generating
+        check_data_sources(((s.data_source, row_of(s)) for s in samples), "--data")
     modes = {"greedy": SamplingParams(n=1, do_sample=False, max_new_tokens=max_new_tokens)}
     if sampled:
         modes["sampled"] = SamplingParams(
@@ -206,7 +215,7 @@ def evaluate(
     by_source: dict[str, dict[str, Any]] = {}
     for ds in sorted({s.data_source for s in samples}):
         prompts = [s for s in samples if s.data_source == ds]
-        people = [s.extra_info.get("n_people") for s in prompts]
+        people = [people_count(s.data_source, s.ground_truth, s.extra_info) for s in prompts]
         entry: dict[str, Any] = {
             "n_prompts": len(prompts),
             "n_prompts_by_people": {

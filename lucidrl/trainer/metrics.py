@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from lucidrl.algos import explained_variance
-from lucidrl.batch import Batch, response_attention
+from lucidrl.batch import Batch, response_attention, response_lengths
 from lucidrl.workers.agent.trajectory import multi_turn_metrics
 
 
@@ -56,14 +56,30 @@ def groups_tied_at_best(groups: dict[Any, list[float]]) -> float:
     return sum(set(v) == {best} for v in groups.values()) / len(groups)
 
 
-def step_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
-    """Scores, rewards, advantages, values, lengths and reward-function extras of one training batch."""
+def step_metrics(batch: Batch, max_response_length: int, compare_rollout: bool = True) -> dict[str, float]:
+    """Scores, rewards, advantages, values, lengths and reward-function extras of one training batch;
+    with `compare_rollout`, the gap between the engine's and the actor's old log-probs.
+
+    Samples left out of the update because their reward failed (reward.on_error=mask: a zeroed
+    response_mask, the generated one kept as `generated_mask`) count in the lengths, and not in the
+    scores and score groups: theirs is no score. reward/failed and reward/timed_out count them."""
     mask = batch["response_mask"].bool()
-    resp_len = response_attention(batch).sum(-1)  # a multi-turn response's tool tokens included
+    resp_len = response_lengths(batch)  # a multi-turn response's tool tokens and a left-out sample's included
     prompt_len = batch["prompt_mask"].sum(-1)
     seq_scores = batch["token_level_scores"].sum(-1)
     seq_rewards = batch["token_level_rewards"].sum(-1)
     out: dict[str, float] = {}
+    uids = batch["uid"]
+    if "reward_failed" in batch:
+        out["reward/failed"] = float(batch["reward_failed"].sum())
+        out["reward/timed_out"] = float(batch["reward_timed_out"].sum())
+        if "generated_mask" in batch:
+            kept = (~batch["reward_failed"]).nonzero().flatten()
+            seq_scores, seq_rewards = seq_scores[kept], seq_rewards[kept]
+            uids = [uids[i] for i in kept.tolist()]
+    if not len(seq_scores):  # every sample's reward failed: no score to report
+        seq_scores = seq_rewards = torch.tensor([float("nan")])
+        uids = ["none"]
     out.update(_stats("critic/score", seq_scores))
     out.update(_stats("critic/rewards", seq_rewards))
     adv = batch["advantages"][mask]
@@ -72,7 +88,7 @@ def step_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     out["response_length/clip_ratio"] = (resp_len >= max_response_length).float().mean().item()
     out.update(_stats("prompt_length", prompt_len))
     # GRPO learns nothing from a group whose samples all scored the same: watch this fraction
-    groups = score_groups(seq_scores, batch["uid"])
+    groups = score_groups(seq_scores, uids)
     mixed = [len(set(v)) > 1 for v in groups.values()]
     out["critic/groups_with_mixed_scores"] = sum(mixed) / len(mixed)
     out["critic/groups_tied_at_best"] = groups_tied_at_best(groups)
@@ -86,7 +102,7 @@ def step_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
         if key.startswith("reward_extra:"):
             out[f"reward/{key.split(':', 1)[1]}/mean"] = nanmean(batch[key].tolist())
     out.update(multi_turn_metrics(batch))
-    if "rollout_log_probs" in batch and "old_log_probs" in batch:
+    if compare_rollout and "rollout_log_probs" in batch and "old_log_probs" in batch:
         # sampling vs training log-probs of the same weights: ~1e-6 in float32; growth means a mismatch
         diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
         out["rollout/logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0

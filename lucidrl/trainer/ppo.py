@@ -2,69 +2,42 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from rich.markup import escape
 
-from lucidrl.algos import apply_kl_penalty, get_advantage_estimator, make_kl_controller
+from lucidrl.algos import make_kl_controller
 from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig, to_dict
+from lucidrl.config.algorithm_checks import rollout_correction_active
 from lucidrl.controller.dispatch import mini_batch_order
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
-from lucidrl.trainer import checkpoint, setup
+from lucidrl.trainer import checkpoint, run_status, setup
+from lucidrl.trainer.advantage import (
+    apply_reward_kl,
+    compute_advantage,
+    correct_rollout,
+    estimator_needs,
+    rollout_log_probs,
+)
 from lucidrl.trainer.collapse import CollapseMonitor, CollapseReport
 from lucidrl.trainer.collapse_guard import CollapseGuard
 from lucidrl.trainer.collect import BatchCollector
 from lucidrl.trainer.config_warnings import config_warnings
+from lucidrl.trainer.interrupt import RunInterrupted, StopSignals, how_to_continue, stopped_message
 from lucidrl.trainer.metrics import step_metrics, timer, timing_metrics
+from lucidrl.trainer.reward_progress import show_scoring_progress
+from lucidrl.trainer.rewards import leave_out_failed
+from lucidrl.trainer.save_failure import removed_on_failure
 from lucidrl.trainer.tracking import Tracker
 from lucidrl.trainer.validation import validate
 
 log = logging.getLogger(__name__)
-
-
-def compute_advantage(batch: Batch, cfg: LucidConfig) -> Batch:
-    """Call the configured estimator with the inputs its signature asks for."""
-    estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
-    alg = cfg.algorithm
-    available = {
-        "token_level_rewards": batch["token_level_rewards"],
-        "response_mask": batch["response_mask"],
-        "index": batch["uid"],
-        "norm_adv_by_std_in_grpo": alg.norm_adv_by_std_in_grpo,
-        "gamma": alg.gamma,
-        "lam": alg.lam,
-    }
-    for key in ("values", "reward_baselines"):
-        if key in batch:
-            available[key] = batch[key]
-    wanted = inspect.signature(estimator).parameters
-    missing = [k for k, p in wanted.items() if p.default is p.empty and k not in available]
-    if missing:
-        raise ValueError(
-            f"advantage estimator '{alg.adv_estimator}' needs {missing}, which this run does not compute"
-        )
-    advantages, returns = estimator(**{k: v for k, v in available.items() if k in wanted})
-    return Batch(tensors={"advantages": advantages, "returns": returns})
-
-
-def apply_reward_kl(batch: Batch, controller, kind: str) -> tuple[Batch, dict[str, float]]:
-    """token_level_rewards = scores − β·KL(actor ‖ reference) per token; the controller adapts β."""
-    rewards, metrics = apply_kl_penalty(
-        batch["token_level_scores"],
-        batch["old_log_probs"],
-        batch["ref_log_probs"],
-        batch["response_mask"],
-        controller.value,
-        kind,
-    )
-    controller.update(metrics["actor/reward_kl_penalty"], n_steps=len(batch))
-    return Batch(tensors={"token_level_rewards": rewards}), metrics
 
 
 class PPOTrainer:
@@ -113,7 +86,12 @@ class PPOTrainer:
             and a.ppo_mini_batch_size == cfg.data.train_batch_size
             and not cfg.algorithm.use_kl_in_reward
             and a.disable_dropout
+            # these read the old log-probs before the update: the pass must run
+            and not rollout_correction_active(cfg)
+            and not estimator_needs(cfg, "old_log_probs")
         )
+        # algorithm.rollout_correction.bypass_mode: the engine's log-probs are the old ones, no pass
+        self.bypass = cfg.algorithm.rollout_correction.bypass_mode
         self.global_step = 0
         self.batches_drawn = 0  # batches taken from the loader's epochs so far (a resume skips them)
         self.data_epoch = 0  # the epoch of the data the last prompt batch came from
@@ -128,24 +106,40 @@ class PPOTrainer:
         self.first_val: dict[str, float] = {}
         self.resumed_from: Path | None = None
         self.resume_changes: dict[str, tuple] = {}
+        # called with (step, metrics) after each step's metrics are logged: a progress display's hook
+        self.on_step: Callable[[int, dict[str, float]], None] | None = None
         if resume is not None:
             self.resume(resume)
         # after the resume: one that is refused opens no tracker run
         self.tracker = Tracker.for_run(cfg, self.run_dir, resumed_step=self.global_step if in_place else None)
+        show_scoring_progress(self.workers.reward, self.tracker.console)  # a slow reward says how far it is
 
     def announce(self) -> None:
         """Say what this run will do, including anything the data loading dropped."""
         r, cfg = self.filter_report, self.cfg
         lines = [
             f"run directory {self.run_dir}",
-            f"{len(self.train_samples)} training prompts ({r.overlong_filtered} overlong filtered, longest "
-            f"{r.longest_prompt} tokens), {len(self.val_samples)} validation prompts",
+            f"{len(self.train_samples)} training prompts ({r.overlong_filtered} overlong filtered, "
+            + (f"{r.truncated} cut to data.max_prompt_length, " if r.truncated else "")
+            + (f"{r.raw_prompts} fed as raw text (data.prompt_format), " if r.raw_prompts else "")
+            + f"longest {r.longest_prompt} tokens), {len(self.val_samples)} validation prompts",
             f"{self.total_steps} steps of {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples, "
             f"adv_estimator={cfg.algorithm.adv_estimator}, policy_loss={cfg.actor.policy_loss}, "
             f"KL loss {'on (' + cfg.actor.kl_loss_type + ')' if cfg.actor.use_kl_loss else 'off'}, "
             f"KL in reward {'on (' + cfg.algorithm.kl_penalty + ')' if cfg.algorithm.use_kl_in_reward else 'off'}, "
             f"critic {'on' if self.workers.critic is not None else 'off'}",
         ]
+        rc = cfg.algorithm.rollout_correction
+        if rollout_correction_active(cfg):
+            lines.append(
+                f"rollout correction: importance weights {rc.rollout_is or 'off'}, rejection {rc.rollout_rs or 'off'} "
+                "between the rollout engine's log-probs and the actor's (the old-log-prob pass runs every step)"
+            )
+        if rc.bypass_mode:
+            lines.append(
+                "rollout correction in bypass mode: the rollout engine's log-probs are the old log-probs (no "
+                f"old-log-prob pass), policy loss {cfg.actor.policy_loss}"
+            )
         if self.workers.ray_cluster:
             lines.append(f"workers: Ray actors on {self.workers.ray_cluster}")
         lines += config_warnings(cfg)
@@ -190,11 +184,17 @@ class PPOTrainer:
         cfg, w, t = self.cfg, self.workers, {}
         with timer("step", t):
             batch, metrics = self.collector.collect(t)  # rollout.generate + rewards.score (+ DAPO filter)
+            if cfg.reward.on_error == "mask":
+                batch = leave_out_failed(batch)  # no gradient from a sample whose reward failed
             debug_hop("rollout + reward -> trainer", batch)
             updates_actor = self.global_step > cfg.critic.warmup_steps
             # on-policy the update takes them from its own forward; while the critic warms up no update
-            # runs, and the pass still reports the rollout gap
-            if not (self.on_policy and updates_actor):
+            # runs, and the pass still reports the rollout gap. Bypass mode takes the engine's
+            if self.bypass:
+                batch.set(
+                    "old_log_probs", rollout_log_probs(batch, "algorithm.rollout_correction.bypass_mode")
+                )
+            elif not (self.on_policy and updates_actor):
                 with timer("old_log_prob", t):
                     batch.update(w.actor.compute_log_prob(batch))
             if w.reference is not None:
@@ -210,6 +210,10 @@ class PPOTrainer:
                     metrics.update(kl_metrics)
                 else:
                     batch.set("token_level_rewards", batch["token_level_scores"])
+                if rollout_correction_active(cfg):  # importance weights, rejection: before the estimator
+                    corrected, corr_metrics = correct_rollout(batch, cfg)
+                    batch.update(corrected)
+                    metrics.update(corr_metrics)
                 batch.update(compute_advantage(batch, cfg))
             debug_hop("trainer -> critic/actor update", batch)
             if w.critic is not None:
@@ -222,7 +226,8 @@ class PPOTrainer:
                     metrics.update(w.actor.update_actor(ordered))
                 with timer("sync_weights", t):
                     w.actor.sync_rollout()
-        metrics.update(step_metrics(batch, cfg.data.max_response_length))
+        # in bypass mode the old log-probs are the engine's: no actor pass to compare them with
+        metrics.update(step_metrics(batch, cfg.data.max_response_length, compare_rollout=not self.bypass))
         metrics.update(timing_metrics(t, batch))
         metrics["training/epoch"] = float(self.data_epoch)  # of the last prompt batch drawn, from 0
         return metrics
@@ -250,11 +255,20 @@ class PPOTrainer:
 
     def fit(self) -> Path:
         """Train for the configured steps (or time); stop on a detected collapse. Returns the run directory."""
-        # a run that raises is marked failed in W&B and MLflow; its Ray actors are stopped either way
-        with self.tracker, self.workers:
+        # a run that raises is marked failed in W&B and MLflow; its Ray actors are stopped either way;
+        # RUN_DIR/run_status.json says how it ended; Ctrl-C and SIGTERM end the step first (interrupt.py)
+        with (
+            self.tracker,
+            self.workers,
+            run_status.recorded(self.run_dir, lambda: self.global_step),
+            StopSignals(lambda: f"step {self.global_step}", self._how_to_continue) as signals,
+        ):
             cfg = self.cfg.trainer
             if cfg.val_before_train and self.resumed_from is None:
-                self.tracker.log(self.validate(), step=0)
+                before = self.validate()
+                self.tracker.log(before, step=0)
+                if self.on_step is not None:
+                    self.on_step(0, before)
             self.guard.start(self.global_step)
             start = time.perf_counter()
             while self.global_step < self.total_steps:
@@ -265,11 +279,21 @@ class PPOTrainer:
                 ending = out_of_time or self.global_step == self.total_steps
                 verdict = self.guard.after_step(self.global_step, metrics, ending)
                 last = ending or verdict.stop
-                if (cfg.test_freq and self.global_step % cfg.test_freq == 0) or last:
+                stopping = signals.requested is not None and not last  # the last step finishes the run
+                # test_freq -1 (verl's default): never, not even after the last step
+                validates = (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0) or (
+                    last and cfg.test_freq >= 0
+                )
+                if validates and not stopping:
                     metrics.update(self.validate())
                 self.tracker.log(metrics, step=self.global_step)
-                if cfg.save_freq and (self.global_step % cfg.save_freq == 0 or last):
+                if self.on_step is not None:
+                    self.on_step(self.global_step, metrics)
+                saves = cfg.save_freq > 0 and (self.global_step % cfg.save_freq == 0 or last)  # -1: never
+                if saves or (stopping and cfg.save_on_interrupt):
                     self._save_or_say_why_not(verdict.collapsed)
+                if stopping:
+                    self._stop(signals.requested)
                 if out_of_time:
                     self._say(
                         f"stopped at step {self.global_step}: trainer.max_time_s={cfg.max_time_s} reached"
@@ -279,6 +303,17 @@ class PPOTrainer:
             if cfg.save_final_model:
                 self.save_model(self.run_dir / "final")
         return self.run_dir
+
+    def _stop(self, signum: int) -> None:
+        """After a step that a signal asked to be the last: say what was saved and how to go on."""
+        latest = checkpoint.latest_name(self.run_dir)
+        msg = stopped_message(
+            signum, self.global_step, self.total_steps, latest, self.cfg.trainer.resume_mode
+        )
+        raise RunInterrupted(signum, msg)
+
+    def _how_to_continue(self) -> str:
+        return how_to_continue(checkpoint.latest_name(self.run_dir), self.cfg.trainer.resume_mode)
 
     def _save_or_say_why_not(self, collapsed: bool) -> None:
         if (
@@ -315,19 +350,19 @@ class PPOTrainer:
 
     def save_checkpoint(self) -> Path:
         """Every group's training state plus the trainer's, under a temporary name renamed when complete."""
-        tmp = checkpoint.begin(self.run_dir, self.global_step)
-        for group in self.workers.groups:
-            group.save_checkpoint(str(tmp))
-        state = {
-            "kind": "rl",
-            "global_step": self.global_step,
-            "batches_drawn": self.batches_drawn,
-            "generation_rounds": self.collector.rounds,
-            "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
-            "collapse_monitor": self.monitor.state_dict(),
-        }
-        checkpoint.write_trainer_state(tmp, state, to_dict(self.cfg))
-        return checkpoint.commit(tmp, self.cfg.trainer.max_ckpt_to_keep)
+        with checkpoint.writing(self.run_dir, self.global_step) as tmp:  # removed if the save fails
+            for group in self.workers.groups:
+                group.save_checkpoint(str(tmp))
+            state = {
+                "kind": "rl",
+                "global_step": self.global_step,
+                "batches_drawn": self.batches_drawn,
+                "generation_rounds": self.collector.rounds,
+                "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
+                "collapse_monitor": self.monitor.state_dict(),
+            }
+            checkpoint.write_trainer_state(tmp, state, to_dict(self.cfg))
+            return checkpoint.commit(tmp, self.cfg.trainer.max_ckpt_to_keep)
 
     def resume(self, path: Path) -> None:
         """Continue from a checkpoint: the groups' training state, then the trainer's own counters."""
@@ -355,7 +390,9 @@ class PPOTrainer:
 
     def save_model(self, path: Path) -> None:
         """A HuggingFace model folder (safetensors + tokenizer) loadable by from_pretrained."""
-        self.workers.actor.save_model(str(path))
+        tmp = Path(path).resolve().with_name(Path(path).name + ".tmp")  # where save_hf_folder writes it
+        with removed_on_failure(tmp, checkpoint.latest_name(self.run_dir)):
+            self.workers.actor.save_model(str(path))
 
 
 def _changes(changes: dict[str, tuple]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import shutil
@@ -16,11 +17,13 @@ import yaml
 from lucidrl.config import LucidConfig, to_dict
 from lucidrl.config.placement import plan_groups
 from lucidrl.controller.worker_group import LocalWorkerGroup, RayWorkerGroup, WorkerGroup, ensure_ray
-from lucidrl.data.dataset import FilterReport, PromptSample, load_prompts
+from lucidrl.data.dataset import FilterReport, PromptSample, load_prompts, row_of
 from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.models import load_run_tokenizer
 from lucidrl.rewards.manager import RuleRewardManager
+from lucidrl.rewards.registry import check_data_sources
+from lucidrl.trainer import run_status
 from lucidrl.trainer.rewards import ModelRewardScorer
 from lucidrl.workers.policy import PolicyWorker
 from lucidrl.workers.rollout_hf import SamplingParams
@@ -67,7 +70,7 @@ def run_dir_of(cfg: LucidConfig) -> Path:
 
 
 # what a lucidrl run writes into its folder: a folder without any of them is not a run's
-RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "final")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "final", run_status.STATUS)
 
 
 def _holds_progress(run_dir: Path) -> bool:
@@ -76,6 +79,18 @@ def _holds_progress(run_dir: Path) -> bool:
     return (metrics.is_file() and metrics.stat().st_size > 0) or any(
         (run_dir / name).exists() for name in ("checkpoints", "final")
     )
+
+
+def _logged(run_dir: Path) -> str:
+    """'step N', the last step metrics.jsonl holds ('no step' when none)."""
+    steps = []
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            steps.append(int(json.loads(line).get("step", 0)))
+        except (ValueError, AttributeError):  # a line torn by the kill
+            continue
+    return f"step {max(steps)}" if steps else "no step"
 
 
 def refuse_occupied(cfg: LucidConfig, run_dir: Path) -> None:
@@ -93,6 +108,18 @@ def refuse_occupied(cfg: LucidConfig, run_dir: Path) -> None:
     if cfg.trainer.overwrite or not _holds_progress(run_dir):  # a failed start is no run to protect
         return
     checkpointed = (run_dir / "checkpoints" / "latest").is_file()
+    status = run_status.read(run_dir)
+    if not checkpointed and run_status.crashed(status):
+        # killed, failed or interrupted before its first checkpoint: nothing to resume, so running the
+        # command again starts it again (what the docs tell a user to do after a crash)
+        log.warning(
+            "run directory %s holds a run that was %s after logging %s, with no checkpoint to resume from: "
+            "starting it again from the beginning (its metrics and files are replaced)",
+            run_dir,
+            "killed" if status.get("state") == "running" else status.get("state"),
+            _logged(run_dir),
+        )
+        return
     why = (
         f"and trainer.resume_mode={cfg.trainer.resume_mode} does not continue from its checkpoints"
         if checkpointed
@@ -105,9 +132,22 @@ def refuse_occupied(cfg: LucidConfig, run_dir: Path) -> None:
     )
 
 
+def refuse_concurrent(run_dir: Path) -> None:
+    """RunDirError if a run is training in `run_dir` now: another start there (to resume it or to
+    replace it) would mix their files or delete them under it."""
+    elsewhere = run_status.running_elsewhere(run_status.read(run_dir))
+    if elsewhere:
+        raise RunDirError(
+            f"run directory '{run_dir}' is in use: a run is training there ({elsewhere}); wait for it to end "
+            f"or stop it, or set trainer.experiment_name or trainer.run_dir to another place (if that process "
+            f"is no lucidrl run, delete {run_dir / run_status.STATUS})"
+        )
+
+
 def prepare_run_dir(cfg: LucidConfig, keep: bool = False) -> Path:
     """The run directory, refusing to mix two runs' metrics in one folder; `keep`: the run resumes there."""
     run_dir = run_dir_of(cfg)
+    refuse_concurrent(run_dir)
     if not keep:
         refuse_occupied(cfg, run_dir)
         if run_dir.exists():
@@ -122,7 +162,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_data(cfg: LucidConfig, tokenizer) -> tuple[list[PromptSample], list[PromptSample], FilterReport]:
+def load_data(
+    cfg: LucidConfig, tokenizer, *, check_rewards: bool = True
+) -> tuple[list[PromptSample], list[PromptSample], FilterReport]:
+    """The train and val prompts; with `check_rewards`, every row's data_source must have a built-in
+    rule (when those score the run): `lucidrl doctor` checks that in a check of its own."""
     d = cfg.data
     train, report = load_prompts(
         d.train_files,
@@ -130,6 +174,9 @@ def load_data(cfg: LucidConfig, tokenizer) -> tuple[list[PromptSample], list[Pro
         max_prompt_length=d.max_prompt_length,
         prompt_key=d.prompt_key,
         filter_overlong=d.filter_overlong_prompts,
+        truncation=d.truncation,
+        prompt_format=d.prompt_format,
+        template_kwargs=d.apply_chat_template_kwargs,
         what="data.train_files",
     )
     val: list[PromptSample] = []
@@ -140,13 +187,25 @@ def load_data(cfg: LucidConfig, tokenizer) -> tuple[list[PromptSample], list[Pro
             max_prompt_length=d.max_prompt_length,
             prompt_key=d.prompt_key,
             filter_overlong=d.filter_overlong_prompts,
+            truncation=d.truncation,
+            prompt_format=d.prompt_format,
+            template_kwargs=d.apply_chat_template_kwargs,
             what="data.val_files",
         )
     if cfg.rollout.multi_turn.enable:  # rows' tools and environments, and prompt lengths with the tools
         from lucidrl.workers.agent.rows import check_rows
 
         check_rows(train + val, tokenizer, cfg.rollout.multi_turn, d.max_prompt_length)
+    if check_rewards and uses_rule_rewards(cfg) and not cfg.reward.custom_function.path:
+        # the built-in rules pick a function by data_source: every row needs one, found before the first step
+        for samples, what in ((train, "data.train_files"), (val, "data.val_files")):
+            check_data_sources(((s.data_source, row_of(s)) for s in samples), what)
     return train, val, report
+
+
+def uses_rule_rewards(cfg: LucidConfig) -> bool:
+    """Whether rule functions score this run's samples (not with a reward model that replaces them)."""
+    return not (cfg.reward_model.enable and cfg.reward_model.combine == "replace")
 
 
 def build_workers(cfg: LucidConfig) -> Workers:
@@ -183,7 +242,10 @@ def build_workers(cfg: LucidConfig) -> Workers:
         for role in plan.roles:
             groups[role] = group
     fn = cfg.reward.custom_function
-    reward = RuleRewardManager.from_config(tokenizer, fn.path, fn.name, fn.reward_kwargs)
+    r = cfg.reward
+    reward = RuleRewardManager.from_config(
+        tokenizer, fn.path, fn.name, fn.reward_kwargs, on_error=r.on_error, timeout_s=r.timeout_s
+    )
     if cfg.reward_model.enable:
         reward = ModelRewardScorer(groups["reward_model"], reward, cfg.reward_model.combine)
     return Workers(

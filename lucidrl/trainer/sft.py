@@ -17,7 +17,8 @@ from lucidrl.models import check_tokenizer_matches_model, load_model, load_run_t
 from lucidrl.models.loading import DTYPES
 from lucidrl.models.precision import autocast_dtype, compute_context
 from lucidrl.models.saving import save_hf_folder
-from lucidrl.trainer import checkpoint
+from lucidrl.trainer import checkpoint, run_status
+from lucidrl.trainer.interrupt import RunInterrupted, StopSignals, how_to_continue, stopped_message
 from lucidrl.trainer.setup import prepare_run_dir, run_dir_of, seed_everything
 from lucidrl.trainer.tracking import Tracker
 from lucidrl.workers.optim import NonFiniteLossError, build_optimizer, clip_grad
@@ -171,7 +172,13 @@ class SFTTrainer:
                 yield rows
 
     def fit(self) -> Path:
-        with self.tracker:  # a run that raises is marked failed in W&B and MLflow
+        # a run that raises is marked failed in W&B and MLflow; RUN_DIR/run_status.json says how it ended;
+        # Ctrl-C and SIGTERM end the step first (trainer/interrupt.py)
+        with (
+            self.tracker,
+            run_status.recorded(self.run_dir, lambda: self.global_step),
+            StopSignals(lambda: f"step {self.global_step}", self._how_to_continue) as signals,
+        ):
             t = self.cfg.trainer
             batches = self._batches()
             start = time.perf_counter()
@@ -183,14 +190,22 @@ class SFTTrainer:
                 metrics["perf/tokens_per_s"] = metrics["perf/tokens"] / metrics["timing_s/step"]
                 out_of_time = t.max_time_s is not None and time.perf_counter() - start >= t.max_time_s
                 last = self.global_step == self.total_steps or out_of_time
-                if (t.test_freq and self.global_step % t.test_freq == 0) or last:
+                stopping = signals.requested is not None and not last  # the last step finishes the run
+                if ((t.test_freq and self.global_step % t.test_freq == 0) or last) and not stopping:
                     metrics.update(self.validate())
                 self.tracker.log(metrics, step=self.global_step)
-                if t.save_freq and (self.global_step % t.save_freq == 0 or last):
+                saves = t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last)  # -1: never
+                if saves or (stopping and t.save_on_interrupt):
                     began = time.perf_counter()
                     path = self.save_checkpoint()
                     line = checkpoint.saved_line(path, time.perf_counter() - began)
                     self.tracker.console.print(f"[dim]lucidrl:[/dim] {escape(line)}")
+                if stopping:
+                    latest = checkpoint.latest_name(self.run_dir)
+                    msg = stopped_message(
+                        signals.requested, self.global_step, self.total_steps, latest, t.resume_mode
+                    )
+                    raise RunInterrupted(signals.requested, msg)
                 if out_of_time:
                     self.tracker.console.print(
                         f"[dim]lucidrl:[/dim] stopped at step {self.global_step}: "
@@ -201,24 +216,27 @@ class SFTTrainer:
                 self.save(self.run_dir / "final")
         return self.run_dir
 
+    def _how_to_continue(self) -> str:
+        return how_to_continue(checkpoint.latest_name(self.run_dir), self.cfg.trainer.resume_mode)
+
     def save(self, path: Path) -> None:
         save_hf_folder(self.model, self.tokenizer, path)
 
     def save_checkpoint(self) -> Path:
         """The model (as the actor), AdamW state, LR schedule, data position and RNG: a resumable step."""
-        tmp = checkpoint.begin(self.run_dir, self.global_step)
-        save_train_state(
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            tmp / "actor",
-            {},
-            hf_model=self.model,
-            tokenizer=self.tokenizer,
-        )
-        state = {"kind": "sft", "global_step": self.global_step, "batches_drawn": self.batches_drawn}
-        checkpoint.write_trainer_state(tmp, state, to_dict(self.cfg))
-        return checkpoint.commit(tmp, self.cfg.trainer.max_ckpt_to_keep)
+        with checkpoint.writing(self.run_dir, self.global_step) as tmp:  # removed if the save fails
+            save_train_state(
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                tmp / "actor",
+                {},
+                hf_model=self.model,
+                tokenizer=self.tokenizer,
+            )
+            state = {"kind": "sft", "global_step": self.global_step, "batches_drawn": self.batches_drawn}
+            checkpoint.write_trainer_state(tmp, state, to_dict(self.cfg))
+            return checkpoint.commit(tmp, self.cfg.trainer.max_ckpt_to_keep)
 
     def resume(self, path: Path) -> None:
         state, self.resume_changes = checkpoint.resumable(path, to_dict(self.cfg), kind="sft")

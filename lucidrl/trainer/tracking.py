@@ -36,6 +36,7 @@ CONSOLE_KEYS = [
     ("critic/vf_loss", "vf_loss"),
     ("response_length/mean", "resp_len"),
     ("critic/groups_with_mixed_scores", "mixed"),
+    ("reward/failed", "reward_failed"),  # reward.on_error mask or zero: samples whose reward failed
     ("timing_s/step", "s/step"),
 ]
 

@@ -11,6 +11,7 @@ from collections import defaultdict
 
 from lucidrl.batch import Batch, align_widths, response_lengths
 from lucidrl.data.dataset import PromptSample, collate
+from lucidrl.rewards.kk import people_count
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer.metrics import nanmean
 from lucidrl.workers.agent.trajectory import multi_turn_metrics
@@ -46,6 +47,9 @@ def validate(
     # each batch's responses are as wide as its longest one: pad them to one width to join them
     batch = Batch.concat(align_widths(scored, pad_token_id))
     seq_scores = batch["token_level_scores"].sum(-1).tolist()
+    failed = batch["reward_failed"].tolist() if "reward_failed" in batch else [False] * len(batch)
+    # a sample whose reward failed (reward.on_error mask or zero) has no score to average: NaN, counted
+    seq_scores = [float("nan") if bad else v for v, bad in zip(seq_scores, failed, strict=True)]
     # row by row: in a set mixing sources, the rows of one whose reward returns no "acc" (GSM8K's 0/1
     # score is its accuracy) are NaN in the "acc" that another source's rows fill
     fallback = seq_scores if reward.score_is_accuracy else [float("nan")] * len(seq_scores)
@@ -54,7 +58,7 @@ def validate(
     groups: dict[str, list[int]] = defaultdict(list)
     for i, ds in enumerate(batch["data_source"]):
         groups[ds].append(i)
-        n_people = batch["extra_info"][i].get("n_people")
+        n_people = people_count(ds, batch["ground_truth"][i], batch["extra_info"][i])
         if n_people is not None:
             groups[f"{ds}/acc/{n_people}_people"].append(i)
     out: dict[str, float] = {}
@@ -76,4 +80,6 @@ def validate(
                 out[f"val/{key}/{k}"] = nanmean([values[i] for i in idx])
     out["val/acc"] = nanmean(acc)
     out.update(multi_turn_metrics(batch, prefix="val/multi_turn"))
+    if "reward_failed" in batch:
+        out["val/reward_failed"] = float(sum(failed))  # left out of the means above
     return out

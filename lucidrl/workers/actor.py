@@ -2,48 +2,40 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.algos.aggregation import norm_width, pad_response_width
-from lucidrl.batch import Batch
-from lucidrl.config.schema import ActorConfig
+from lucidrl.batch import Batch, loss_mask
+from lucidrl.config.schema import ActorConfig, RolloutCorrectionConfig
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import check_chunkable_head, check_prompt_sharable, response_log_probs
-from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows, token_shares
+from lucidrl.workers.log_prob_pass import per_token_log_probs, per_token_log_probs_and_sum_pi_squared
+from lucidrl.workers.micro_batches import loss_weights, micro_batches, token_shares
 from lucidrl.workers.optim import build_optimizer
 from lucidrl.workers.rank_metrics import Combine, RankMetrics
 from lucidrl.workers.update_loop import run_update, update_metrics
 
 
-def per_token_log_probs(
-    model: torch.nn.Module,
-    batch: Batch,
-    micro_batch_size: int,
-    temperature: float,
-    with_entropy: bool,
-    share_prompt: bool,
-    length_sorted: bool,
-    max_tokens: int | None = None,
-    head_chunk_tokens: int = 0,
-    compiled: bool = False,
-    world_size: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(bs, R) log-probs (and entropy) of the responses, in micro-batches (length-sorted and trimmed;
-    of `micro_batch_size` samples, or of at most `max_tokens` padded tokens when it is set).
-    `world_size` > 1: `model` is data-parallel, and every rank runs as many micro-batches."""
-    chunks = micro_batches(batch, micro_batch_size, length_sorted, max_tokens, world_size)
-    lps, ents = [], []
-    for idx, mb in chunks:
-        lp, ent = response_log_probs(
-            model, mb, temperature=temperature, with_entropy=with_entropy, share_prompt=share_prompt,
-            data_parallel=world_size > 1, head_chunk_tokens=head_chunk_tokens, compiled=compiled,
-        )  # fmt: skip
-        lps.append((idx, lp))
-        ents.append((idx, ent))
-    width = batch["responses"].shape[1]
-    entropy = scatter_rows(ents, len(batch), width) if with_entropy else None
-    return scatter_rows(lps, len(batch), width), entropy
+def policy_loss_kwargs(
+    cfg: ActorConfig, rc: RolloutCorrectionConfig, rollout_is_weights: torch.Tensor | None = None
+) -> dict:
+    """Every keyword argument the actor can give a policy loss, by name: actor.* and (for bypass_mode)
+    algorithm.rollout_correction.*, and the micro-batch's importance weights (bs, R) or None. A loss
+    takes those its signature names."""
+    return {
+        "clip_ratio_low": cfg.clip_ratio_low, "clip_ratio_high": cfg.clip_ratio_high,
+        "clip_ratio_c": cfg.clip_ratio_c, "loss_agg_mode": cfg.loss_agg_mode,
+        "loss_scale_factor": cfg.loss_scale_factor, "rollout_is_weights": rollout_is_weights,
+        "tau_pos": cfg.tau_pos, "tau_neg": cfg.tau_neg, "clip_cov_ratio": cfg.clip_cov_ratio,
+        "clip_cov_lb": cfg.clip_cov_lb, "clip_cov_ub": cfg.clip_cov_ub, "kl_cov_ratio": cfg.kl_cov_ratio,
+        "ppo_kl_coef": cfg.ppo_kl_coef, "dro_beta": cfg.dro_beta, "loss_type": rc.loss_type,
+        "rollout_is": rc.rollout_is, "rollout_is_threshold": rc.rollout_is_threshold,
+        "rollout_is_batch_normalize": rc.rollout_is_batch_normalize, "rollout_rs": rc.rollout_rs,
+        "rollout_rs_threshold": rc.rollout_rs_threshold,
+    }  # fmt: skip
 
 
 class ReferenceWorker:
@@ -111,10 +103,15 @@ class ActorWorker:
         world_size: int = 1,
         compute_dtype: torch.dtype | None = None,
         response_length: int | None = None,
+        rollout_correction: RolloutCorrectionConfig | None = None,
+        sum_pi_squared: bool = False,
     ):
         self.model = model
         self.cfg = cfg
-        self.norm_width = norm_width(cfg.loss_agg_mode, response_length)  # the loss inputs' padded width
+        # the loss inputs' padded width (seq-mean-token-sum-norm's divisor, unless loss_scale_factor gives it)
+        self.norm_width = norm_width(cfg.loss_agg_mode, response_length, cfg.loss_scale_factor)
+        self.rollout_correction = rollout_correction or RolloutCorrectionConfig()
+        self.sum_pi_squared = sum_pi_squared  # compute_log_prob adds it (the optimal token baselines read it)
         self.temperature = temperature
         self.compute_dtype = compute_dtype  # autocast dtype of every forward; weights and grads keep theirs
         # a mini-batch is ppo_mini_batch_size prompts in all; each data-parallel rank holds its share
@@ -127,9 +124,12 @@ class ActorWorker:
         if cfg.head_chunk_tokens:
             check_chunkable_head(model)
         self.policy_loss_fn = get_policy_loss(cfg.policy_loss)
+        self.policy_loss_args = set(inspect.signature(self.policy_loss_fn).parameters)
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim)
         self.nonfinite_skipped = 0
         self._gap_max = 0.0  # the largest rollout-vs-update log-prob gap of the current update
+        # a loss's own *_max / *_min metrics (bypass_mode's rollout_corr/*): extremes over the update
+        self._extremes: dict[str, tuple[float, Combine]] = {}
 
     @torch.no_grad()
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -137,18 +137,29 @@ class ActorWorker:
         was_training = self.model.training
         self.model.eval()
         c = self.cfg
+        max_tokens = c.log_prob_max_token_len_per_gpu if c.use_dynamic_bsz else None
+        spsq = None
         try:
             with compute_context(self.model, self.compute_dtype):
-                lp, ent = per_token_log_probs(
-                    self.model, batch, c.log_prob_micro_batch_size, self.temperature, True,
-                    self.share_prompt, c.length_sorted_micro_batches,
-                    c.log_prob_max_token_len_per_gpu if c.use_dynamic_bsz else None, c.head_chunk_tokens,
-                    c.use_torch_compile, world_size=self.world_size,
-                )  # fmt: skip
+                if self.sum_pi_squared:
+                    lp, ent, spsq = per_token_log_probs_and_sum_pi_squared(
+                        self.model, batch, c.log_prob_micro_batch_size, self.temperature, self.share_prompt,
+                        c.length_sorted_micro_batches, max_tokens, c.head_chunk_tokens, c.use_torch_compile,
+                        world_size=self.world_size,
+                    )  # fmt: skip
+                else:
+                    lp, ent = per_token_log_probs(
+                        self.model, batch, c.log_prob_micro_batch_size, self.temperature, True,
+                        self.share_prompt, c.length_sorted_micro_batches, max_tokens, c.head_chunk_tokens,
+                        c.use_torch_compile, world_size=self.world_size,
+                    )  # fmt: skip
         finally:
             self.model.train(was_training)
         mask = batch["response_mask"]
-        return Batch(tensors={"old_log_probs": lp * mask, "entropy": ent * mask})
+        out = Batch(tensors={"old_log_probs": lp * mask, "entropy": ent * mask})
+        if spsq is not None:
+            out.set("sum_pi_squared", spsq * mask)
+        return out
 
     def _micro_step(
         self, ub: Batch, weight: float, metrics: dict[str, float], token_weight: float | None = None
@@ -172,36 +183,33 @@ class ActorWorker:
                 head_chunk_tokens=cfg.head_chunk_tokens,
                 compiled=cfg.use_torch_compile,
             )
-        adv, mask = ub["advantages"], ub["response_mask"]
+        # the tokens that count: rollout correction's rejection drops some (the forward attended to all)
+        adv, mask = ub["advantages"], loss_mask(ub)
         if "old_log_probs" in ub:
             old = ub["old_log_probs"]
         else:  # on-policy (update checked it): this forward's own log-probs are the sampling policy's
             old = log_prob.detach()
             if "rollout_log_probs" in ub:  # what the skipped old-log-prob pass would have shown
-                self._rollout_gap(old, ub["rollout_log_probs"], mask, token_weight, metrics)
+                self._rollout_gap(old, ub["rollout_log_probs"], ub["response_mask"], token_weight, metrics)
         ref = ub["ref_log_probs"] if cfg.use_kl_loss else None
+        is_weights = ub["rollout_is_weights"] if "rollout_is_weights" in ub else None
         if self.norm_width is not None:
-            log_prob, entropy, old, adv, mask, ref = pad_response_width(
-                self.norm_width, log_prob, entropy, old, adv, mask, ref
+            log_prob, entropy, old, adv, mask, ref, is_weights = pad_response_width(
+                self.norm_width, log_prob, entropy, old, adv, mask, ref, is_weights
             )
         pg_loss, pg_metrics = self.policy_loss_fn(
-            old_log_prob=old,
-            log_prob=log_prob,
-            advantages=adv,
-            response_mask=mask,
-            clip_ratio_low=cfg.clip_ratio_low,
-            clip_ratio_high=cfg.clip_ratio_high,
-            clip_ratio_c=cfg.clip_ratio_c,
-            loss_agg_mode=cfg.loss_agg_mode,
-        )
+            old_log_prob=old, log_prob=log_prob, advantages=adv, response_mask=mask,
+            **self._loss_kwargs(is_weights),
+        )  # fmt: skip
         loss = pg_loss
-        entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode)
+        scale = cfg.loss_scale_factor
+        entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, scale)
         per_token = self._per_token_metrics
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * entropy_loss
         if cfg.use_kl_loss:
             kl = kl_penalty(log_prob, ref, cfg.kl_loss_type)
-            kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
+            kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, scale)
             loss = loss + cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] += weight * kl_loss.item()
             if per_token:
@@ -211,9 +219,26 @@ class ActorWorker:
         (loss * weight).backward()
         metrics["actor/pg_loss"] += weight * pg_loss.item()
         for k, v in pg_metrics.items():  # token means whatever loss_agg_mode is
-            metrics[f"actor/{k}"] += token_weight * float(v)
+            if "/" not in k:
+                metrics[f"actor/{k}"] += token_weight * float(v)
+            elif k.endswith(("_max", "_min")):  # a loss's own prefixed metrics (bypass_mode's rollout_corr/*)
+                how = Combine.MAX if k.endswith("_max") else Combine.MIN
+                pick = max if how is Combine.MAX else min
+                self._extremes[k] = (pick(self._extremes.get(k, (float(v), how))[0], float(v)), how)
+            else:
+                metrics[k] += token_weight * float(v)
         token_mean = agg_loss(entropy.detach(), mask, "token-mean") if per_token else None
         return entropy_loss.detach(), token_mean
+
+    def _loss_kwargs(self, rollout_is_weights: torch.Tensor | None) -> dict:
+        """The keyword arguments the configured policy loss's signature names (policy_loss_kwargs)."""
+        if rollout_is_weights is not None and "rollout_is_weights" not in self.policy_loss_args:
+            raise ValueError(
+                f"actor.policy_loss={self.cfg.policy_loss} takes no rollout_is_weights, but rollout correction "
+                "made some (algorithm.rollout_correction.rollout_is); the loss would ignore them"
+            )
+        available = policy_loss_kwargs(self.cfg, self.rollout_correction, rollout_is_weights)
+        return {k: v for k, v in available.items() if k in self.policy_loss_args}
 
     def _rollout_gap(
         self, log_prob: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, token_weight: float, metrics
@@ -239,15 +264,18 @@ class ActorWorker:
         """The rollout policy's entropy, aggregated with loss_agg_mode (verl's actor/entropy, from the
         old-log-prob pass), and per token where that differs: this rank's parts, which the ranks' mean
         makes the whole batch's."""
+        # over every generated token, rejected by rollout correction or not: the sampling policy's entropy
         entropy, mask = batch["entropy"], batch["response_mask"]
+        generated = Batch(tensors={"response_mask": mask})
         token_mean = None
         if self._per_token_metrics:  # every rank alike: loss_weights may all-reduce
-            (tokens,) = loss_weights(batch, [batch], "token-mean", self.world_size)
+            (tokens,) = loss_weights(generated, [generated], "token-mean", self.world_size)
             token_mean = tokens * float(agg_loss(entropy, mask, "token-mean"))
         if self.norm_width is not None:
             entropy, mask = pad_response_width(self.norm_width, entropy, mask)
-        (share,) = loss_weights(batch, [batch], self.cfg.loss_agg_mode, self.world_size)
-        return share * float(agg_loss(entropy, mask, self.cfg.loss_agg_mode)), token_mean
+        (share,) = loss_weights(generated, [generated], self.cfg.loss_agg_mode, self.world_size)
+        agg = agg_loss(entropy, mask, self.cfg.loss_agg_mode, self.cfg.loss_scale_factor)
+        return share * float(agg), token_mean
 
     def _micro_batches(self, mb: Batch) -> list[Batch]:
         """Length-sorted, padding-trimmed micro-batches (plain consecutive chunks with the option off) of
@@ -279,6 +307,7 @@ class ActorWorker:
                 "bug in the trainer: it skips the old-log-prob pass only then)"
             )
         self._gap_max = 0.0
+        self._extremes = {}
 
         def step_mini_batch(mb: Batch, mb_metrics: dict[str, float]) -> None:
             nonlocal entropy, entropy_per_token
@@ -317,4 +346,6 @@ class ActorWorker:
             out.mean("actor/entropy_token_mean", entropy_per_token)
         if own_old and "rollout/logprob_diff_mean" in out:
             out.put("rollout/logprob_diff_max", self._gap_max, Combine.MAX)
+        for k, (value, how) in self._extremes.items():  # a loss's own *_max / *_min over the update
+            out.put(k, value, how)
         return out

@@ -10,7 +10,7 @@ from transformers.utils import logging as hf_logging
 
 from lucidrl.algos import compute_value_loss
 from lucidrl.algos.aggregation import norm_width, pad_response_width
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, loss_mask
 from lucidrl.config.schema import CriticConfig
 from lucidrl.models.loading import ModelLoadError
 from lucidrl.models.precision import compute_context
@@ -123,7 +123,8 @@ class CriticWorker:
             for ub, weight, share in zip(ubs, weights, shares, strict=True):
                 with compute_context(self.model, self.compute_dtype):
                     vpreds = response_values(self.model, ub)
-                returns, values, mask = ub["returns"], ub["values"], ub["response_mask"]
+                # rollout correction's rejected tokens count for the critic neither (as verl's mask)
+                returns, values, mask = ub["returns"], ub["values"], loss_mask(ub)
                 if self.norm_width is not None:
                     vpreds, returns, values, mask = pad_response_width(
                         self.norm_width, vpreds, returns, values, mask

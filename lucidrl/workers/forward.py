@@ -7,6 +7,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from lucidrl.algos.fused_logprob import log_probs_and_entropy
+from lucidrl.algos.logprob import sum_pi_squared_from_logits
 from lucidrl.batch import Batch, response_attention
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.workers.model_support import _cache_kwarg, last_logits_only, non_attention_layers
@@ -103,6 +104,50 @@ def response_log_probs(
     `compiled`: log-prob and entropy by torch.compile'd fused kernels (lucidrl.algos.fused_logprob),
     eager where compiling fails.
     """
+    lp, ent, _ = _response_outputs(
+        model, batch, temperature=temperature, with_entropy=with_entropy, share_prompt=share_prompt,
+        data_parallel=data_parallel, entropy_grad=entropy_grad, head_chunk_tokens=head_chunk_tokens,
+        compiled=compiled, with_sum_pi_squared=False,
+    )  # fmt: skip
+    return lp, ent
+
+
+def response_log_probs_and_sum_pi_squared(
+    model: torch.nn.Module,
+    batch: Batch,
+    *,
+    temperature: float,
+    share_prompt: bool = False,
+    data_parallel: bool = False,
+    head_chunk_tokens: int = 0,
+    compiled: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """As `response_log_probs` with the entropy, plus sum_v pi(v)^2 (bs, R) at each response position
+    (for the optimal token baselines), from the same forward; no gradient. Positions outside the
+    response mask get 0 where the LM head runs in chunks."""
+    lp, ent, spsq = _response_outputs(
+        model, batch, temperature=temperature, with_entropy=True, share_prompt=share_prompt,
+        data_parallel=data_parallel, entropy_grad=False, head_chunk_tokens=head_chunk_tokens,
+        compiled=compiled, with_sum_pi_squared=True,
+    )  # fmt: skip
+    assert ent is not None and spsq is not None
+    return lp, ent, spsq
+
+
+def _response_outputs(
+    model: torch.nn.Module,
+    batch: Batch,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    share_prompt: bool,
+    data_parallel: bool,
+    entropy_grad: bool,
+    head_chunk_tokens: int,
+    compiled: bool,
+    with_sum_pi_squared: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The forward behind response_log_probs: log-probs, entropy if asked, sum pi^2 if asked."""
     hidden = head_chunk_tokens > 0
     if hidden:
         check_chunkable_head(model)
@@ -119,15 +164,42 @@ def response_log_probs(
         # the output at position t predicts token t+1: responses are predicted by the R positions before them
         states = out[:, -resp_len - 1 : -1, :]
     if hidden:
-        return chunked_head_log_probs(
+        lp, ent = chunked_head_log_probs(
             model.get_output_embeddings(), states, batch["responses"], batch["response_mask"],
             temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
             chunk_tokens=head_chunk_tokens, compiled=compiled,
         )  # fmt: skip
-    return log_probs_and_entropy(
-        states, batch["responses"], temperature=temperature, with_entropy=with_entropy,
-        entropy_grad=entropy_grad, compiled=compiled,
-    )  # fmt: skip
+    else:
+        lp, ent = log_probs_and_entropy(
+            states, batch["responses"], temperature=temperature, with_entropy=with_entropy,
+            entropy_grad=entropy_grad, compiled=compiled,
+        )  # fmt: skip
+    spsq = None
+    if with_sum_pi_squared:
+        with torch.no_grad():
+            if hidden:
+                spsq = _chunked_sum_pi_squared(
+                    model.get_output_embeddings(), states.detach(), batch["response_mask"], temperature,
+                    head_chunk_tokens,
+                )  # fmt: skip
+            else:
+                spsq = sum_pi_squared_from_logits(states.detach(), temperature)
+    return lp, ent, spsq
+
+
+def _chunked_sum_pi_squared(
+    head: torch.nn.Module, hidden: torch.Tensor, mask: torch.Tensor, temperature: float, chunk_tokens: int
+) -> torch.Tensor:
+    """(bs, R) sum pi^2 on the masked-in positions, the LM head run `chunk_tokens` positions at a time
+    (0 elsewhere), as chunked_head_log_probs runs it."""
+    sel = mask.bool()
+    h = hidden[sel]
+    parts = [
+        sum_pi_squared_from_logits(head(h[i : i + chunk_tokens]).float(), temperature)
+        for i in range(0, h.shape[0], chunk_tokens)
+    ]
+    out = hidden.new_zeros(mask.shape, dtype=torch.float32)
+    return out.masked_scatter(sel, torch.cat(parts)) if parts else out
 
 
 class SharedPromptUnsupported(UserError, ValueError):

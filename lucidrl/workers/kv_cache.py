@@ -11,14 +11,14 @@ from transformers.cache_utils import Cache, DynamicLayer
 class ReservedLayer(DynamicLayer):
     """A KV cache layer that reserves room for the whole generation up front.
 
-    DynamicLayer grows by torch.cat, copying the whole cache at every decoded token: 58% of decode
-    time in a profile of 128 rows x 128 tokens on the tiny model. This layer writes each new token
+    DynamicLayer grows by torch.cat, copying the whole cache at every decoded token: most of the decode
+    time of a small model (benchmarks/decode_cpu.py). This layer writes each new token
     into preallocated buffers and hands attention a view of the filled part.
 
     With `dtype` the buffers hold that dtype whatever the keys and values come in as (each new token
     is converted once, when written): shared-prefix attention reads the rows' own cache in float32
     at every step, and under bf16 autocast the values arrive in bfloat16, so it converted the whole
-    cache per step and layer (0.54 s of a 10.8 s generation of 64 prompts x 8 samples x 128 tokens).
+    cache per step and layer.
     """
 
     def __init__(self, capacity: int, dtype: torch.dtype | None = None):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from lucidrl.batch import Batch, response_lengths
+from lucidrl.batch import Batch, loss_mask, response_lengths
 
 PROMPT_SIDE = {"prompts", "prompt_mask"}
 
@@ -169,21 +169,25 @@ def match_count(
 def loss_weights(mb: Batch, ubs: list[Batch], loss_agg_mode: str, world_size: int = 1) -> list[float]:
     """Each micro-batch's share of the mini-batch loss.
 
-    token-mean: its response tokens over the mini-batch's tokens on all ranks (times the rank count,
+    token-mean: its loss tokens over the mini-batch's tokens on all ranks (times the rank count,
     since data-parallel gradients are averaged), so the loss is one mean over every token of the
     mini-batch whatever the micro-batching or the number of ranks. The seq-mean modes average
     sequences, and agg_loss leaves empty responses out of the mean: the share is the micro-batch's
     non-empty sequences over the mini-batch's on all ranks (counting every row, a micro-batch holding
     an empty response weighed more than its sequences: the loss changed with the micro-batching).
+    token-sum: every micro-batch's sum counts whole (times the rank count), so the loss is the sum
+    over the mini-batch's tokens on all ranks. Tokens and sequences are those of `loss_mask`.
     """
+    if loss_agg_mode == "token-sum":
+        return [float(world_size)] * len(ubs)
     if loss_agg_mode == "token-mean":
 
         def count(b: Batch) -> torch.Tensor:
-            return b["response_mask"].sum()
+            return loss_mask(b).sum()
     else:
 
         def count(b: Batch) -> torch.Tensor:
-            return (b["response_mask"].sum(-1) > 0).sum()
+            return (loss_mask(b).sum(-1) > 0).sum()
 
     total = count(mb).to(torch.float64)
     if world_size > 1:

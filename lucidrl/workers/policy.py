@@ -17,10 +17,12 @@ import copy
 import logging
 import random
 import sys
+from inspect import signature
 from pathlib import Path
 
 import torch
 
+from lucidrl.algos import get_advantage_estimator
 from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig
 from lucidrl.diagnostics.debug import debug_enabled
@@ -37,7 +39,6 @@ from lucidrl.workers.dispatch import Dispatch, dispatch
 from lucidrl.workers.distributed import (
     DistInfo,
     copy_full_parameters,
-    full_parameters,
     full_state_dict,
     init_process_group,
     local_cuda_index,
@@ -50,9 +51,10 @@ from lucidrl.workers.rollout_hf import HFRollout, SamplingParams, eos_token_ids
 from lucidrl.workers.train_state import (
     load_train_state,
     process_rng_state,
+    restore_rng_file,
     save_train_state,
-    set_process_rng_state,
 )
+from lucidrl.workers.weight_push import check_rollout_weights, rollout_weights
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,10 @@ class PolicyWorker:
                 world_size=self.world_size,
                 compute_dtype=compute,
                 response_length=cfg.data.max_response_length,
+                rollout_correction=cfg.algorithm.rollout_correction,
+                # the optimal token baselines weigh tokens by sum_v pi(v)^2 from the old-log-prob pass
+                sum_pi_squared="sum_pi_squared"
+                in signature(get_advantage_estimator(cfg.algorithm.adv_estimator)).parameters,
             )
             if not isinstance(self.rollout, HFRollout):
                 self._push_rollout_weights()  # the engine must generate with the actor's weights
@@ -214,6 +220,7 @@ class PolicyWorker:
                 port=sv.port,
                 timeout_s=sv.timeout_s,
                 eos_ids=eos_ids,
+                weights_dir=sv.weights_dir,
             )
             engine.check_accepts_weights(model.config)
             return engine
@@ -232,6 +239,7 @@ class PolicyWorker:
                 max_model_len=v.max_model_len or d.max_prompt_length + d.max_response_length,
                 enable_sleep_mode=v.enable_sleep_mode,
                 enforce_eager=v.enforce_eager,
+                kv_cache_gib=v.kv_cache_gib,
                 seed=self.cfg.trainer.seed,
                 gpu=torch.device(self.device).index or 0,  # the actor's GPU (cuda:1 on the local backend)
                 rank=self.rank,
@@ -240,26 +248,41 @@ class PolicyWorker:
         raise ValueError(f"rollout.name={r.name!r} is not an engine: use hf, vllm or server")
 
     def _push_rollout_weights(self) -> str:
-        """Hand the actor's full parameters to a vllm or server engine (a collective when sharded)."""
+        """Hand the actor's full parameters to a vllm or server engine (a collective when sharded): plain
+        HF names, LoRA adapters merged, tied weights under each name (weight_push.rollout_weights)."""
         actor = self._need("actor", self.actor)
-        if self.world_size > 1 and self.cfg.rollout.name == "vllm":
+        if self.cfg.rollout.name == "vllm":
             # each rank's engine takes the parameters one gathered tensor at a time: no rank holds a
             # whole second copy of the weights next to its shard and the engine's. Gathered in the
             # compute dtype the engine runs in (half the bytes with bf16)
-            gathered = full_parameters(actor.model, self.compute_dtype)
+            gathered = rollout_weights(actor.model, self.compute_dtype)
             try:
-                return self.rollout.load_weights(gathered)
+                result = self.rollout.load_weights(gathered)
             except BaseException:
                 for _ in gathered:  # the other ranks are still gathering: finish every all-gather, then fail
                     pass
                 raise
-        named = dict(unwrap(actor.model).named_parameters())
-        if self.world_size > 1:  # shards: gather the full tensors (every rank takes part)
-            full = full_state_dict(actor.model)
-            named = {name: full[name] for name in named}
-        if self.cfg.rollout.name == "server" and self.rank != 0:
-            return "rank 0 pushes"  # one server, one push
+            if self.cfg.rollout.check_weight_sync or debug_enabled():
+                result += "; " + self._check_rollout_weights()
+            return result
+        # one server, one push (rank 0's): every rank takes part in the gathers
+        named = dict(rollout_weights(actor.model))
+        if self.rank != 0:
+            return "rank 0 pushes"
         return self.rollout.load_weights(named)
+
+    def _check_rollout_weights(self) -> str:
+        m = self.cfg.model
+        return check_rollout_weights(
+            self._need("actor", self.actor).model,
+            self.rollout,
+            vocab_size=len(self.tokenizer),
+            compute_dtype=self.compute_dtype,
+            atol=self.cfg.rollout.weight_sync_atol
+            or (1e-3 if (m.compute_dtype or m.dtype) == "float32" else 0.1),
+            rank=self.rank,
+            world_size=self.world_size,
+        )
 
     def _need(self, role: str, what):
         if what is None:
@@ -380,8 +403,14 @@ class PolicyWorker:
         for role, worker in (("actor", self.actor), ("critic", self.critic)):
             if worker is not None:
                 extra = {"nonfinite_skipped": 0}
+                critic_path = role == "critic" and self.cfg.critic.model_path
                 extra = load_train_state(
-                    worker.model, worker.optimizer, worker.scheduler, Path(path) / role, extra
+                    worker.model,
+                    worker.optimizer,
+                    worker.scheduler,
+                    Path(path) / role,
+                    extra,
+                    model_key="critic.model_path" if critic_path else "model.path",
                 )
                 if hasattr(worker, "nonfinite_skipped"):
                     worker.nonfinite_skipped = int(extra["nonfinite_skipped"])
@@ -390,7 +419,7 @@ class PolicyWorker:
         if not rng.is_file():  # the name before RNG files were kept per group
             rng = rng.with_name(f"rank_{self.rank}.pt")
         if rng.is_file():
-            set_process_rng_state(torch.load(rng, weights_only=False))
+            restore_rng_file(rng)  # tensors and numbers only: a crafted file runs no code
         else:  # weights and optimizer state reshard; the sampling RNG of a rank cannot
             log.warning(
                 "%s is missing (the checkpoint was saved with fewer ranks, or with other roles in this "

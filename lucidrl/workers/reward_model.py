@@ -126,6 +126,15 @@ class RewardModelWorker:
                 text = self.tokenizer.apply_chat_template(batch["conversation"][i], tokenize=False)
                 out.append(self.tokenizer(text, add_special_tokens=False)["input_ids"])
                 continue
+            if "prompt_is_raw" in batch and batch["prompt_is_raw"][i]:
+                # its text carries the policy's own chat markup: wrapped in the reward model's template as a
+                # user message it would be scored as another conversation than the one the policy had
+                raise ModelLoadError(
+                    "the reward model's tokenizer or chat template differs from the policy's, and this prompt "
+                    "was fed as raw text with the policy's own chat markup (data.prompt_format): it cannot be "
+                    "rendered for the reward model. Give reward_model.model.tokenizer_path the policy's "
+                    "tokenizer, or write the prompts as chat messages (data.prompt_format=chat)"
+                )
             messages = [dict(m) for m in batch["raw_prompt"][i]]
             if messages and messages[-1]["role"] == "assistant":  # a pre-filled answer, continued
                 messages[-1]["content"] = messages[-1]["content"] + response

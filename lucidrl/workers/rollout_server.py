@@ -4,9 +4,15 @@ Same interface as HFRollout: `generate(batch, params)` adds `responses`, `respon
 sampling) `rollout_log_probs`. Prompts go out as token ids and come back as token ids (vLLM's
 `return_token_ids` extension), so nothing is re-tokenized. The server holds its own weights; for
 on-policy training (`rollout.name=server`) the trainer pushes the actor's weights to it after every
-update with `load_weights` (POST /lucidrl/weights, a safetensors body), which `lucidrl serve
---accept-weights` takes. vLLM's OpenAI server has no such endpoint: with it, this engine only
-suits evaluation and frozen-policy generation.
+update with `load_weights`:
+- `lucidrl serve --accept-weights`: POST /lucidrl/weights, a safetensors body.
+- `vllm serve` started with VLLM_SERVER_DEV_MODE=1 (its development endpoints): the weights are written
+  as a safetensors checkpoint into a temporary folder that the server reads (`rollout.server.weights_dir`,
+  by default the system's temporary folder: the server must run on this host or share that
+  filesystem), then POST /collective_rpc runs vLLM's in-place `reload_weights` from it and POST
+  /reset_prefix_cache drops the prompt cache of the old weights. vLLM's other RL route
+  (/update_weights) moves tensors over NCCL or CUDA IPC, which a CPU server has neither of.
+  Without dev mode, vllm serve only suits evaluation and frozen-policy generation.
 
 Seeds: `params.seed` is sent as the request's `seed`; lucidrl's server and vLLM then make each
 prompt's samples depend on (seed, prompt) only, whereas HFRollout seeds by (seed, uid), so the two
@@ -21,6 +27,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -51,6 +59,7 @@ class ServerRollout:
         timeout_s: float = 600.0,
         model_name: str | None = None,
         eos_ids: list[int] | None = None,
+        weights_dir: str | None = None,
     ):
         if (base_url is None) == (host is None or port is None):
             raise ValueError(
@@ -66,6 +75,8 @@ class ServerRollout:
         self.timeout_s = timeout_s
         self._opener, self.proxy = _opener_for(self.base_url)
         self.max_weights_bytes: int | None = None  # the largest push the server takes (check_accepts_weights)
+        self.vllm_reload = False  # a `vllm serve` in dev mode: weights go in through reload_weights
+        self.weights_dir = weights_dir
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = eos_ids if eos_ids is not None else [tokenizer.eos_token_id]
         if self.pad_id is None or None in self.eos_ids:
@@ -79,17 +90,28 @@ class ServerRollout:
         """Fail unless the server takes weight updates, and (given the actor's `model_config`) unless it
         serves a model that computes the same function; returns how many updates it has taken so far."""
         status, body = self._http("GET", WEIGHTS_PATH, purpose="weight-update check")
+        if status == 404 and self._is_vllm():
+            # a route that exists answers GET with 405 (it takes POST only); without dev mode it is 404
+            if self._http("GET", "/collective_rpc", purpose="dev-mode check")[0] == 405:
+                self.vllm_reload = True
+                return 0
+            raise RolloutServerError(
+                f"the server at {self.base_url} is vLLM's, started without its development endpoints: it "
+                "cannot receive the actor's weights. Start it with VLLM_SERVER_DEV_MODE=1 (`VLLM_SERVER_DEV_MODE=1 "
+                "vllm serve MODEL`) on this host, so that weights can be reloaded from a folder; or use the "
+                "server without training (evaluation), or rollout.name=hf or vllm."
+            )
         if status != 200 or not isinstance(body, dict) or not body.get("accepts"):
             why = (
                 "it was started without --accept-weights"
                 if status == 200 and isinstance(body, dict)
-                else f"GET {WEIGHTS_PATH} answered HTTP {status} (not a lucidrl server? vLLM's has no "
-                "weight-update endpoint)"
+                else f"GET {WEIGHTS_PATH} answered HTTP {status} (neither a lucidrl server nor vLLM's)"
             )
             raise RolloutServerError(
                 f"the server at {self.base_url} cannot receive the actor's weights: {why}. On-policy "
-                "training with rollout.name=server needs `lucidrl serve MODEL --accept-weights`; for a "
-                "frozen policy (evaluation) use the server without training, or use rollout.name=hf or vllm."
+                "training with rollout.name=server needs `lucidrl serve MODEL --accept-weights` or "
+                "`VLLM_SERVER_DEV_MODE=1 vllm serve MODEL`; for a frozen policy (evaluation) use the server "
+                "without training, or use rollout.name=hf or vllm."
             )
         self.max_weights_bytes = body.get("max_bytes")
         served = body.get("config")
@@ -107,10 +129,14 @@ class ServerRollout:
         return int(body.get("version", 0))
 
     def load_weights(self, named: dict[str, torch.Tensor]) -> str:
-        """Push every parameter (named_parameters() names) to the server; it swaps them between requests."""
+        """Push every parameter (HF names; a tied weight may come under each of its names) to the
+        server; it swaps them between requests."""
         from safetensors.torch import save
 
-        raw = save({k: v.detach().to("cpu").contiguous() for k, v in named.items()})
+        # safetensors refuses tensors that share memory (a tied head under its second name): copies
+        raw = save({k: v.detach().to("cpu").contiguous().clone() for k, v in named.items()})
+        if self.vllm_reload:
+            return self._vllm_reload(raw, len(named))
         limit = self.max_weights_bytes
         if limit is not None and len(raw) > limit:  # the server would answer 413 unread: a broken pipe here
             raise RolloutServerError(
@@ -128,9 +154,37 @@ class ServerRollout:
             )
         return f"pushed v{body.get('version')}"
 
+    def _vllm_reload(self, raw: bytes, count: int) -> str:
+        """`vllm serve` (dev mode): the weights as a checkpoint folder the server reloads from."""
+        with tempfile.TemporaryDirectory(prefix="lucidrl-weights-", dir=self.weights_dir) as folder:
+            with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+                f.write(raw)
+            os.chmod(folder, 0o755)  # a server running as another user reads it too
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": folder}}
+            status, body = self._http("POST", "/collective_rpc", rpc, purpose="weight reload")
+            if status != 200:
+                raise RolloutServerError(
+                    f"{self.base_url}/collective_rpc could not reload the actor's weights ({count} tensors) from "
+                    f"{folder}: HTTP {status}: {error_message(body)}. The server reads that folder itself: it "
+                    "must run on this host, or rollout.server.weights_dir must be a folder both can reach"
+                )
+        status, body = self._http("POST", "/reset_prefix_cache", purpose="prefix-cache reset")
+        if status != 200:
+            raise RolloutServerError(
+                f"{self.base_url}/reset_prefix_cache answered HTTP {status} after a weight reload: "
+                f"{error_message(body)}; cached prompts would keep the old weights' keys and values"
+            )
+        return f"reloaded {count} tensors"
+
+    def _is_vllm(self) -> bool:
+        status, body = self._http("GET", "/version", purpose="server version check")
+        return status == 200 and isinstance(body, dict) and "version" in body
+
     def sync_weights(self, model: torch.nn.Module) -> str:
-        """Push `model`'s parameters (an unsharded module) to the server."""
-        return self.load_weights(dict(model.named_parameters()))
+        """Push `model`'s parameters (an unsharded module; LoRA merged) to the server."""
+        from lucidrl.workers.weight_push import rollout_weights
+
+        return self.load_weights(dict(rollout_weights(model)))
 
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         """Repeat each prompt n times (interleaved) and add responses, response_mask, rollout_log_probs."""

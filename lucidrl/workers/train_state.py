@@ -23,15 +23,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lucidrl.diagnostics.errors import UserError
 from lucidrl.models.lora import ADAPTER, is_lora, load_adapter_state
+from lucidrl.models.saving import make_portable
+from lucidrl.workers.checkpoint_files import (  # noqa: F401 - CheckpointError is imported from here too
+    CheckpointError,
+    check_saved_shapes,
+    damaged,
+    load_rng_state,
+    read_errors,
+)
 
 WEIGHTS = "model"  # the HuggingFace folder inside a role's checkpoint folder
 INDEX = "model.safetensors.index.json"  # what DCP's HuggingFace writer names the weight map
-
-
-class CheckpointError(UserError, ValueError):
-    """A checkpoint cannot be found, read, or resumed with this config; the message says which and why."""
 
 
 @contextmanager
@@ -55,6 +58,7 @@ def process_rng_state() -> dict[str, Any]:
 
 
 def set_process_rng_state(rng: dict[str, Any]) -> None:
+    """Put back what process_rng_state returned (load_rng_state reads it from a checkpoint file)."""
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         for index, state in enumerate(rng["cuda"][: torch.cuda.device_count()]):
@@ -96,6 +100,9 @@ def _write_model_files(hf_model, folder: Path, tokenizer) -> None:
         generation.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
+    make_portable(
+        folder
+    )  # a checkpoint's weights folder loads with from_pretrained, in transformers 4.5x too
 
 
 def save_train_state(
@@ -156,8 +163,28 @@ def check_train_state(path: Path) -> None:
         )
 
 
-def load_train_state(model: torch.nn.Module, optimizer, scheduler, path: Path, extra: dict[str, Any]) -> dict:
-    """The inverse of save_train_state, into modules built as the run builds them; returns `extra` filled."""
+def restore_rng_file(path: Path) -> None:
+    """This process's RNG states from a checkpoint file (CheckpointError naming it when it cannot be)."""
+    rng = load_rng_state(path)
+    try:
+        set_process_rng_state(rng)
+    except (TypeError, ValueError, RuntimeError) as exc:  # a state of another shape or version
+        raise damaged(path, "the process's RNG state", exc) from exc
+
+
+def load_train_state(
+    model: torch.nn.Module,
+    optimizer,
+    scheduler,
+    path: Path,
+    extra: dict[str, Any],
+    *,
+    model_key: str = "model.path",
+) -> dict:
+    """The inverse of save_train_state, into modules built as the run builds them; returns `extra` filled.
+
+    A file that cannot be read, or saved weights whose shapes differ from the model's (`model_key`'s
+    folder rebuilt at another size), is a CheckpointError naming the file and the earlier checkpoints."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import (
@@ -181,22 +208,39 @@ def load_train_state(model: torch.nn.Module, optimizer, scheduler, path: Path, e
     configured = [{k: g[k] for k in _HYPER if k in g} for g in optimizer.param_groups]
     base_lrs = list(scheduler.base_lrs)
     state: dict[str, Any] = {"scheduler": scheduler.state_dict(), "extra": {**extra, "has_optim": False}}
+    failed = read_errors()
     with _single_process_quiet():
         if is_lora(hf_model):
             from safetensors.torch import load_file
 
-            load_adapter_state(hf_model, load_file(path / ADAPTER / "adapter_model.safetensors"))
+            adapter = path / ADAPTER / "adapter_model.safetensors"
+            try:
+                adapter_state = load_file(adapter)
+            except failed as exc:  # a truncated file: safetensors' header errors
+                raise damaged(adapter, "the LoRA adapters", exc) from exc
+            load_adapter_state(hf_model, adapter_state)
         else:
             # strict: a weight the checkpoint lacks is an error; tied names fill in through the shared tensor
             weights = get_model_state_dict(model)
-            dcp.load(_untied(weights), storage_reader=dcp.HuggingFaceStorageReader(str(path / WEIGHTS)))
+            untied = _untied(weights)
+            check_saved_shapes(path / WEIGHTS, {k: v.shape for k, v in untied.items()}, model_key)
+            try:
+                dcp.load(untied, storage_reader=dcp.HuggingFaceStorageReader(str(path / WEIGHTS)))
+            except failed as exc:  # "AssertionError: metadata is None" for a truncated file, ...
+                raise damaged(path / WEIGHTS, "the weights", exc) from exc
             set_model_state_dict(model, weights)
-        dcp.load(state, checkpoint_id=str(path))
+        try:
+            dcp.load(state, checkpoint_id=str(path))
+        except failed as exc:  # a truncated .distcp: "EOFError: Ran out of input", ...
+            raise damaged(path, "the optimizer state and LR schedule (.metadata, *.distcp)", exc) from exc
         scheduler.load_state_dict(state["scheduler"])
         if state["extra"].pop("has_optim"):
             # partial: a parameter that had no gradient before the save has no AdamW state in it
             optim = {"optim": get_optimizer_state_dict(model, optimizer)}
-            dcp.load(optim, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
+            try:
+                dcp.load(optim, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
+            except failed as exc:
+                raise damaged(path, "the optimizer state (.metadata, *.distcp)", exc) from exc
             set_optimizer_state_dict(model, optimizer, optim["optim"])
     _reapply_hyperparameters(optimizer, scheduler, configured, base_lrs)
     return state["extra"]

@@ -258,7 +258,7 @@ def generate_dataset(
     draws first, so a larger n_train leaves the val rows unchanged. The sampler finds its likeliest
     structures first, so a request that uses up most of a size would give val the simple puzzles and
     train the rare ones: 2-person K&K has only 285, and in the demo's split of all of them val took
-    22-24% bare claims and negations against 0-2% in the last 85. So all 285 are drawn (0.1 s) and
+    22-24% bare claims and negations against 0-2% in the last 85. So all 285 are drawn and
     shuffled, and both splits are taken in that order: random parts of the whole, val still first.
     With `trace`, responses hold a truth-table reasoning trace before the answer (same puzzles). Raises
     ValueError when a size has fewer distinct puzzles than requested.

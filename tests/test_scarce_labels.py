@@ -1,4 +1,4 @@
-"""`lucidrl demo` wiring, on a tiny budget: the data split, both branches from one checkpoint, the table."""
+"""`lucidrl experiment scarce-labels` wiring, on a tiny budget: the data split, both branches from one checkpoint, the table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from lucidrl.cli import main
 from lucidrl.data.kk import from_json, puzzle_key
-from lucidrl.experiments.scarce_labels import DemoPlan, run_demo
+from lucidrl.experiments.scarce_labels import ScarceLabelsPlan, run_experiment
 
 
 def pool_once_infos(seed_dir):
@@ -27,7 +27,7 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
         return real_evaluate(model_path, data_files, **kw)
 
     monkeypatch.setattr(lucidrl.trainer.evaluation, "evaluate", spy)
-    plan = DemoPlan(
+    plan = ScarceLabelsPlan(
         labelled=24, unlabelled=16, val=8, sft_s=3, rl_s=3, hidden=64, layers=2,
         sft_batch=8, rl_prompts=4, rl_n=4, max_new_tokens=48, eval_k=2, renderings=2, pool_renderings=2,
         sft_curve_every=3, rl_curve_every=1,
@@ -36,7 +36,7 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
     # a previous demo's baseline in the folder: the resumed run (which may not empty it) still starts
     (seed_dir / "sft_only").mkdir(parents=True)
     (seed_dir / "sft_only" / "metrics.jsonl").write_text('{"step": 99}\n')
-    results = run_demo(tmp_path, seeds=[3], plan=plan)
+    results = run_experiment(tmp_path, seeds=[3], plan=plan)
     labelled = pq.read_table(seed_dir / "data" / "labelled.parquet")
     unlabelled = pq.read_table(seed_dir / "data" / "unlabelled.parquet")
     # 24 labelled puzzles, each also under fresh names; 16 pool puzzles likewise
@@ -87,7 +87,7 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
         model_path = str(seed_dir / name / "final")
         assert (model_path, [pool], None) in calls
         assert any(c[0] == model_path and c[1] == [str(seed_dir / "data" / "val.parquet")] for c in calls)
-    saved = json.loads((tmp_path / "demo_results.json").read_text())
+    saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["seeds"][0]["rl"] == r.rl and saved["plan"]["labelled"] == 24
     # the verdict is written, and one seed never meets a bar of three
     assert saved["verdict"]["seeds"] == 1 and saved["verdict"]["met"] is False and saved["wall_s"] > 0
@@ -128,7 +128,7 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
     out = capsys.readouterr().out
     assert "GRPO beat both the start and SFT alone by >= 20 points in" in out and "of 1 seeds" in out
     said = " ".join(out.split())  # rich wraps long lines
-    assert "issue 6's bar (>= 20 points over both the start and SFT alone, in 3 of 3 distinct seeds" in said
+    assert "the bar (>= 20 points over both the start and SFT alone, in 3 of 3 distinct seeds" in said
     assert "NOT MET (1 distinct seed(s)" in said
     assert "on the RL prompts greedy" in out and "on RL prompts" in out
     squeezed = "".join(out.split())  # rich breaks a long path anywhere
@@ -139,9 +139,23 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
 
 
 def test_demo_refuses_more_puzzles_than_exist(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path), "--labelled", "400", "--unlabelled", "100"]) == 2
+    assert (
+        main(
+            [
+                "experiment",
+                "scarce-labels",
+                "--out",
+                str(tmp_path),
+                "--labelled",
+                "400",
+                "--unlabelled",
+                "100",
+            ]
+        )
+        == 2
+    )
     assert "more than the 285 distinct 2-person puzzles" in capsys.readouterr().err
-    assert main(["demo", "--out", str(tmp_path), "--renderings", "0"]) == 2
+    assert main(["experiment", "scarce-labels", "--out", str(tmp_path), "--renderings", "0"]) == 2
     assert "--renderings must be > 0, got 0" in capsys.readouterr().err
 
 
@@ -170,9 +184,9 @@ def test_the_verdict_counts_whole_points_distinct_seeds_and_the_time():
 
 
 def test_demo_refuses_repeated_seeds_and_too_few_unlabelled_before_any_training(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path), "--seeds", "1", "1", "1"]) == 2
+    assert main(["experiment", "scarce-labels", "--out", str(tmp_path), "--seeds", "1", "1", "1"]) == 2
     assert "--seeds 1 1 1 repeats a seed" in capsys.readouterr().err
-    assert main(["demo", "--out", str(tmp_path), "--unlabelled", "8"]) == 2
+    assert main(["experiment", "scarce-labels", "--out", str(tmp_path), "--unlabelled", "8"]) == 2
     assert "--unlabelled 8 is fewer than the 16 prompts of one GRPO step" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing was generated or trained
 
@@ -181,24 +195,24 @@ def test_a_three_person_plan_takes_its_own_defaults_and_four_people_are_refused(
     from lucidrl.diagnostics.errors import UsageError
     from lucidrl.experiments.scarce_labels import PEOPLE_DEFAULTS
 
-    two, three = DemoPlan(), DemoPlan(people=3, labelled=50)
+    two, three = ScarceLabelsPlan(), ScarceLabelsPlan(people=3, labelled=50)
     assert (two.labelled, two.unlabelled, two.renderings, two.max_new_tokens) == (100, 85, 8, 160)
     # a pool that never comes round twice, and room for the longest 3-person trace (404 tokens measured)
     assert (three.labelled, three.unlabelled, three.renderings, three.max_new_tokens) == (50, 3000, 4, 448)
     assert PEOPLE_DEFAULTS[2]["max_new_tokens"] == 160  # the plan's defaults are not written back
-    with pytest.raises(UsageError, match="--people 4: the demo runs 2- or 3-person puzzles"):
-        DemoPlan(people=4)
-    assert main(["demo", "--people", "4"]) == 2
-    assert "--people 4: the demo runs 2- or 3-person puzzles" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="--people 4: the experiment runs 2- or 3-person puzzles"):
+        ScarceLabelsPlan(people=4)
+    assert main(["experiment", "scarce-labels", "--people", "4"]) == 2
+    assert "--people 4: the experiment runs 2- or 3-person puzzles" in capsys.readouterr().err
     # the 285-puzzle limit is 2-person K&K's; its error names the way out
-    assert main(["demo", "--labelled", "200", "--unlabelled", "100"]) == 2
+    assert main(["experiment", "scarce-labels", "--labelled", "200", "--unlabelled", "100"]) == 2
     assert "lower them, or give --people 3" in capsys.readouterr().err
 
 
 def test_three_person_demo_data_split(tmp_path):
     from lucidrl.experiments.scarce_labels import POOL_EVAL_MAX, write_data
 
-    plan = DemoPlan(people=3, labelled=6, unlabelled=POOL_EVAL_MAX + 30, val=4, renderings=2)
+    plan = ScarceLabelsPlan(people=3, labelled=6, unlabelled=POOL_EVAL_MAX + 30, val=4, renderings=2)
     files = write_data(tmp_path, plan, seed=0)
 
     def infos(name):
@@ -225,7 +239,7 @@ def test_the_pool_accuracy_is_measured_on_the_first_distinct_puzzles_grpo_drew(t
 
     from lucidrl.experiments.scarce_labels import POOL_EVAL_MAX, write_data, write_drawn_pool
 
-    plan = DemoPlan(people=3, labelled=2, unlabelled=POOL_EVAL_MAX + 40, val=2, renderings=1)
+    plan = ScarceLabelsPlan(people=3, labelled=2, unlabelled=POOL_EVAL_MAX + 40, val=2, renderings=1)
     files = write_data(tmp_path, plan, seed=1)
     pool = pq.read_table(files["pool_puzzles"]).to_pylist()
     # drawn in another order than the file's, with repeats (a second epoch, or re-rendered copies)
@@ -240,6 +254,7 @@ def test_the_pool_accuracy_is_measured_on_the_first_distinct_puzzles_grpo_drew(t
     assert rows[0] == pool[7]  # as first written: prompt, ground truth and all
 
 
+@pytest.mark.slow
 def test_learning_curve_points_their_times_and_a_restored_end(tmp_path, kk_data, tiny_model, monkeypatch):
     """Each complete checkpoint once (a killed save's .tmp left out), at its run's summed step times; a run
     that ended on restored weights has them as its point at the step they hold, and its last checkpoint
@@ -263,7 +278,7 @@ def test_learning_curve_points_their_times_and_a_restored_end(tmp_path, kk_data,
         return real(path, files, **kw)
 
     monkeypatch.setattr(lucidrl.trainer.evaluation, "evaluate", spy)
-    plan = DemoPlan(max_new_tokens=8)
+    plan = ScarceLabelsPlan(max_new_tokens=8)
     files = {"val": kk_data["val"]}
     points = learning_curve(run, files, plan, seed=0, start_s=100.0)
     assert [p["step"] for p in points] == [2, 4, 6] and evaluated == [

@@ -1,0 +1,175 @@
+"""Reading a checkpoint's files without trusting them: errors that name the file and the way out.
+
+A checkpoint can be damaged (a save cut short by a full disk or a kill before lucidrl wrote files
+atomically, a file truncated by a copy, an edit by hand) or not lucidrl's at all. Each reader here
+turns what the libraries raise (`EOFError`, `AssertionError: metadata is None`, `Size mismatch`,
+`JSONDecodeError`) into a CheckpointError that names the file, says what is wrong with it, and lists
+the earlier complete checkpoints to resume from instead.
+
+RNG state files are read with `torch.load(weights_only=True)`: tensors, numbers, tuples and dicts
+only, so a crafted `rng.pt` cannot run code when a run resumes. PyTorch's distributed checkpoint
+reader still unpickles each role's `.metadata` (torch offers no other reader): a checkpoint must
+come from a source you trust, as any pickle must.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lucidrl.diagnostics.errors import UserError
+
+STEP_FOLDER = re.compile(r"global_step_(\d+)")
+STATE = "trainer_state.json"  # what marks a step folder as a complete checkpoint
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint cannot be found, read, or resumed with this config; the message says which and why."""
+
+
+def step_folder(path: Path) -> Path | None:
+    """The `global_step_N` folder `path` is in (or is), or None."""
+    for p in (path, *path.parents):
+        if STEP_FOLDER.fullmatch(p.name):
+            return p
+    return None
+
+
+def earlier_checkpoints(step: Path) -> list[Path]:
+    """The complete checkpoints beside `step` (a global_step_N folder) with a smaller N, newest first."""
+    n = int(STEP_FOLDER.fullmatch(step.name).group(1))
+    found = []
+    for p in step.parent.glob("global_step_*"):
+        m = STEP_FOLDER.fullmatch(p.name)
+        if m and int(m.group(1)) < n and (p / STATE).is_file():
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def way_out(path: Path) -> str:
+    """What to do about a damaged file under `path`: resume from the newest earlier checkpoint."""
+    step = step_folder(path)
+    if step is None:
+        return "restore the file from where it came from, or resume from another checkpoint"
+    earlier = earlier_checkpoints(step)
+    if earlier:
+        return (
+            f"resume from the checkpoint before it: trainer.resume_mode=resume_path "
+            f"trainer.resume_from_path={earlier[0]}"
+            + (f" (also complete: {', '.join(p.name for p in earlier[1:4])})" if len(earlier) > 1 else "")
+        )
+    return (
+        f"{step.parent} holds no earlier complete checkpoint: start the run again (trainer.resume_mode=disable "
+        "trainer.overwrite=true), or restore the file from a backup"
+    )
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What reading a checkpoint raises: any Exception, and torch.distributed.checkpoint's own
+    CheckpointException (a BaseException, holding each rank's error)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+def cause_of(exc: BaseException) -> str:
+    """`exc` in one line: type and first line of its message (for a CheckpointException, its first rank's)."""
+    failures = getattr(exc, "failures", None)  # CheckpointException: {rank: (exception, traceback)}
+    if isinstance(failures, dict) and failures:
+        rank, failure = next(iter(failures.items()))
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, BaseException):
+            return f"rank {rank}: {cause_of(inner)}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+def damaged(path: Path, what: str, exc: BaseException) -> CheckpointError:
+    """The error for a checkpoint file or folder `path` holding `what` that could not be read."""
+    return CheckpointError(
+        f"cannot read {what} in {path} ({cause_of(exc)}): the file is damaged (truncated by a full disk or an "
+        f"interrupted copy, or edited) or was not written by lucidrl; {way_out(path)}"
+    )
+
+
+def missing(path: Path, what: str) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint file {path} ({what}) is missing: the checkpoint is incomplete (a file deleted or left out of "
+        f"a copy); {way_out(path)}"
+    )
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A checkpoint's JSON file as a dict, or a CheckpointError naming it."""
+    if not path.is_file():
+        raise missing(path, what)
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise damaged(path, what, exc) from exc
+    if not isinstance(value, dict):
+        raise damaged(path, what, ValueError(f"a JSON {type(value).__name__}, not an object"))
+    return value
+
+
+def load_rng_state(path: Path) -> dict[str, Any]:
+    """An RNG state file as `process_rng_state` wrote it, read without unpickling code (weights_only)."""
+    if not path.is_file():
+        raise missing(path, "the process's RNG state")
+    try:
+        rng = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        # weights_only refused a global: a file that would run code (or build objects) when unpickled
+        raise CheckpointError(
+            f"{path} holds Python objects other than tensors, numbers, tuples and dicts, which lucidrl's RNG "
+            "state files never do: it was altered or not written by lucidrl, and unpickling it could run code, "
+            f"so it was not loaded; {way_out(path)} (if you trust it)"
+        ) from None
+    except Exception as exc:  # a truncated zip archive, an empty file, ...
+        raise damaged(path, "the process's RNG state", exc) from exc
+    if not (isinstance(rng, dict) and isinstance(rng.get("torch"), torch.Tensor) and "python" in rng):
+        raise damaged(
+            path, "the process's RNG state", ValueError("not a dict of 'torch' and 'python' states")
+        )
+    return rng
+
+
+def check_saved_shapes(weights: Path, expected: dict[str, torch.Size], key: str = "model.path") -> None:
+    """CheckpointError unless the safetensors files in `weights` (a HuggingFace folder with an index, as
+    the checkpoint writer leaves it) hold every tensor of `expected` (name -> full shape) in that shape.
+
+    Read from the file headers only. A model folder rebuilt at another size under the same `key`
+    otherwise fails deep in torch.distributed.checkpoint with "Size mismatch" and no folder named.
+    """
+    from safetensors import safe_open
+
+    index = weights / "model.safetensors.index.json"
+    weight_map = read_json(index, "the weights' index").get("weight_map", {})
+    saved: dict[str, tuple[int, ...]] = {}
+    for file in sorted(set(weight_map.values())):
+        try:
+            with safe_open(str(weights / file), "pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is no dict
+                    saved[name] = tuple(f.get_slice(name).get_shape())
+        except FileNotFoundError:
+            raise missing(weights / file, "weights") from None
+        except Exception as exc:  # safetensors' "invalid header length", "incomplete metadata", ...
+            raise damaged(weights / file, "weights", exc) from exc
+    wrong = [(n, saved.get(n), tuple(s)) for n, s in expected.items() if saved.get(n) != tuple(s)]
+    if not wrong:
+        return
+    name, was, now = wrong[0]
+    found = f"is {list(was)} in the checkpoint" if was is not None else "is not in the checkpoint"
+    more = f" (and {len(wrong) - 1} more tensors differ)" if len(wrong) > 1 else ""
+    raise CheckpointError(
+        f"cannot resume from {weights.parent.parent}: its weights do not fit the model this run builds from "
+        f"{key}: {name} {found} and {list(now)} in the model{more}. The model folder was replaced (another "
+        f"size or architecture) since the checkpoint was saved; the checkpoint keeps its own copy in {weights}. "
+        f"Put back the model the run started from, or start a new run from the checkpoint's weights "
+        f"({key}={weights} with another trainer.experiment_name)"
+    )
