@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,9 @@ from helpers import SLEEP_LOG, ScriptedEngine, prompt_batch
 from lucidrl.algos import get_advantage_estimator
 from lucidrl.batch import last_loss_index
 from lucidrl.config.schema import MultiTurnConfig
+from lucidrl.data.arithmetic import demonstration
+from lucidrl.rewards.arithmetic import compute_score as arithmetic_score
+from lucidrl.rewards.custom import load_custom_function
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.workers.agent import MultiTurnError, MultiTurnRollout, multi_turn_metrics
 from lucidrl.workers.rollout_hf import SamplingParams
@@ -73,6 +77,7 @@ def _with_template(tokenizer, template):
 
 
 QUESTION = [{"role": "user", "content": "What is 123 * 456 + 7?"}]
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def _two_calls_then_answer(context: str, turn: int) -> str:
@@ -193,6 +198,20 @@ def test_grpo_advantages_sit_on_the_model_tokens_and_the_reward_on_its_last(tiny
         on = advantages[i][mask[i] == 1]
         assert bool((on == on[0]).all()) and on[0] != 0
     assert torch.isclose(advantages[0][mask[0] == 1][0], -advantages[1][mask[1] == 1][0])
+
+
+def test_a_worked_example_in_the_prompt_is_not_the_models_answer_nor_its_tool_use(tiny_tokenizer):
+    # a few-shot prompt holds an assistant turn, a tool reply and "The answer is 5535."
+    prompt = demonstration(tool_hint=True) + QUESTION
+    mt = _rollout(tiny_tokenizer, lambda context, turn: "I think it is 7.")
+    out = mt.generate(prompt_batch([prompt], ground_truths=["56095"]), SamplingParams(n=1, max_new_tokens=50))
+    assert out["solution_text"] == ["I think it is 7."]
+    info = out["extra_info"][0]
+    written = info["conversation"][info["prompt_messages"] :]
+    assert [m["role"] for m in written] == ["assistant"]
+    assert arithmetic_score(out["solution_text"][0], "56095") == {"score": 0.0, "acc": 0.0, "format": 0.0}
+    example = load_custom_function(str(EXAMPLES / "calculator_reward.py"), "compute_score")
+    assert example("arithmetic", out["solution_text"][0], "56095", info)["ran_tool"] == 0.0
 
 
 def test_malformed_unknown_and_badly_argued_calls_are_answered_and_counted(tiny_tokenizer):

@@ -178,16 +178,19 @@ class MultiTurnRollout:
                 f"{where}: the prompt with its tools described is {len(ids)} tokens, longer than "
                 f"data.max_prompt_length={self.max_prompt_length}; raise it, or shorten the tools' descriptions"
             )
+        if prefill is not None:
+            messages = messages[:-1]  # its text starts the first assistant turn
         return Trajectory(
             uid=str(uid),
             sample=sample,
             tools=tools,
             schemas=schemas,
             env=env,
-            messages=messages[:-1] if prefill is not None else messages,
+            messages=messages,
             prefill=prefill,
             prompt_ids=ids,
             text=text,
+            prompt_messages=len(messages),
         )
 
     @staticmethod

@@ -56,6 +56,7 @@ class Trajectory:
     prefill: str | None  # a pre-filled start of the first assistant turn
     prompt_ids: list[int]
     text: str  # the text of every token so far: what the model has seen and written
+    prompt_messages: int  # the messages of `messages` that were the prompt (a few-shot example's too)
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
@@ -82,8 +83,10 @@ class Trajectory:
         self.done = True
 
     def solution_text(self) -> str:
-        """The assistant's turns, joined: what a reward function reads as solution_str."""
-        return "\n".join(str(m.get("content") or "") for m in self.messages if m.get("role") == "assistant")
+        """The assistant's turns after the prompt, joined: what a reward function reads as solution_str.
+        An assistant message in the prompt (a worked example) is not the model's answer."""
+        written = self.messages[self.prompt_messages :]
+        return "\n".join(str(m.get("content") or "") for m in written if m.get("role") == "assistant")
 
 
 def to_batch(trajectories: list[Trajectory], expanded: Batch, pad_id: int, with_log_probs: bool) -> Batch:
@@ -129,6 +132,7 @@ def to_batch(trajectories: list[Trajectory], expanded: Batch, pad_id: int, with_
             {
                 **(info or {}),
                 "conversation": t.messages,
+                "prompt_messages": t.prompt_messages,
                 "num_turns": t.stats["turns"],
                 "tool_calls": t.stats["tool_calls"],
                 "turn_rewards": list(t.turn_rewards),
