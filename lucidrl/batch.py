@@ -217,3 +217,45 @@ def align_widths(batches: list[Batch], pad_token_id: int | None) -> list[Batch]:
             tensors[k] = torch.cat([pad, v] if k in LEFT_PADDED else [v, pad], dim=1)
         out.append(Batch(tensors, dict(b.non_tensors), dict(b.meta)))
     return out
+
+
+# The response masks, each (bs, R) 0/1, real tokens from column 0 and padding after:
+#   response_mask            the tokens the model generated: what the estimators and losses are about.
+#                            A multi-turn response has gaps in it: the tool results and environment
+#                            replies inside the response are attended to, but were not generated.
+#   response_attention_mask  every real response token, the model's and the tools' alike; only a
+#                            multi-turn rollout writes it (elsewhere it equals the response mask).
+#   loss_mask                the response mask less the tokens rollout correction's rejection dropped;
+#                            only written when that rejection ran.
+#   generated_mask           the response mask as generated, kept when reward.on_error=mask zeroed the
+#                            rows of samples whose reward failed.
+# Forwards attend to `response_attention`, micro-batches are trimmed, sorted and budgeted by its
+# lengths, and the losses and estimators count `loss_mask`.
+RESPONSE_ATTENTION = "response_attention_mask"
+
+
+def response_attention(batch: Batch) -> torch.Tensor:
+    """(bs, R) 1 for every real response token, the model's and the tools' alike, and those of a sample
+    left out of the loss; 0 for padding. The attention mask of every forward."""
+    for key in (RESPONSE_ATTENTION, "generated_mask"):
+        if key in batch:
+            return batch[key]
+    return batch["response_mask"]
+
+
+def response_lengths(batch: Batch) -> torch.Tensor:
+    """(bs,) tokens of each response, gaps in the loss mask included (real tokens start at column 0)."""
+    return response_attention(batch).sum(-1)
+
+
+def loss_mask(batch: Batch) -> torch.Tensor:
+    """(bs, R) the tokens that count in the advantages and losses: the response mask (with a multi-turn
+    response's gaps), less the tokens rollout correction's rejection dropped when it ran."""
+    return batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
+
+
+def last_loss_index(response_mask: torch.Tensor) -> torch.Tensor:
+    """(bs,) the column of each row's last token in the loss mask (bs, R), where an outcome reward sits;
+    0 for a row without any. With gaps in the mask this is not `mask.sum(-1) - 1`."""
+    cols = torch.arange(response_mask.shape[1], device=response_mask.device)
+    return (cols * (response_mask > 0)).max(dim=-1).values

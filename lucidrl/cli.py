@@ -19,6 +19,35 @@ def _cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_data_arithmetic(args: argparse.Namespace) -> int:
+    from lucidrl.data.arithmetic import write_arithmetic_parquet
+    from lucidrl.diagnostics.errors import UsageError
+
+    m = re.fullmatch(r"\s*([0-9])\s*[x,]\s*([0-9])\s*", str(args.digits))
+    if not m:
+        raise UsageError(
+            f"--digits {args.digits!r} is not understood: write 'AxB', e.g. '3x2' (3-digit by 2-digit)"
+        )
+    try:
+        info = write_arithmetic_parquet(
+            args.out,
+            n_train=args.train,
+            n_val=args.val,
+            digits=(int(m.group(1)), int(m.group(2))),
+            ops=tuple(args.ops),
+            tool_hint=not args.no_tool_hint,
+            few_shot=args.few_shot,
+            words=args.words,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    print(
+        f"wrote {info['n_train']} train and {info['n_val']} val questions to {info['train']} and {info['val']}"
+    )
+    return 0
+
+
 def _cmd_data_countdown(args: argparse.Namespace) -> int:
     from lucidrl.data.countdown import write_countdown_parquet
     from lucidrl.diagnostics.errors import UsageError
@@ -562,6 +591,20 @@ def build_parser() -> argparse.ArgumentParser:
     wp.add_argument("--seed", type=int, default=0)
     wp.add_argument("--out", required=True, help="folder for train.parquet and val.parquet")
     wp.set_defaults(fn=_cmd_data_word_problems)
+
+    ar = data.add_parser("arithmetic", help="multi-digit arithmetic questions (a calculator tool helps)")
+    ar.add_argument("--digits", default="3x2", help="operand digits 'AxB' (default 3x2: 482 * 37)")
+    ar.add_argument("--ops", nargs="+", default=["*"], choices=["*", "+", "-"], help="operations (default *)")
+    ar.add_argument("--no-tool-hint", action="store_true", help="do not tell the model to use the calculator")
+    ar.add_argument(
+        "--few-shot", action="store_true", help="start each prompt with one worked tool-using exchange"
+    )
+    ar.add_argument("--words", action="store_true", help="word problems, to be turned into an expression")
+    ar.add_argument("--train", type=int, default=1000)
+    ar.add_argument("--val", type=int, default=100)
+    ar.add_argument("--seed", type=int, default=0)
+    ar.add_argument("--out", required=True, help="folder for train.parquet and val.parquet")
+    ar.set_defaults(fn=_cmd_data_arithmetic)
 
     kk = data.add_parser("kk", help="Knights & Knaves puzzles as verl-schema parquet")
     kk.add_argument("--people", default="2-4", help="number of people: '3' or a range '2-4'")

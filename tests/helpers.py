@@ -122,3 +122,80 @@ def make_stopping_model(src: str, dst, every: int = 3) -> str:
     with open(path, "w") as f:
         json.dump(config, f, indent=2)
     return str(dst)
+
+
+class ScriptedEngine:
+    """A rollout engine (generate(Batch, SamplingParams) over token-id prompts, like HFRollout) whose
+    turns come from `script(context_text, turn) -> text`, tokenized canonically and ended with
+    <|im_end|>; every token's log-prob is -0.5. Multi-turn tests drive conversations with it."""
+
+    def __init__(self, tokenizer, script, end="<|im_end|>"):
+        self.tokenizer = tokenizer
+        self.script = script
+        self.eos_ids = [tokenizer.convert_tokens_to_ids(end)]
+        self.calls = []  # (rows, n, max_new_tokens) per generate call
+
+    def generate(self, batch, params):
+        from lucidrl.workers.rollout_hf import batch_from_token_lists
+
+        self.calls.append((len(batch), params.n, params.max_new_tokens))
+        ids, logps = [], []
+        for row, mask in zip(batch["prompts"], batch["prompt_mask"], strict=True):
+            context = self.tokenizer.decode(row[mask.bool()].tolist(), skip_special_tokens=False)
+            turn = context.count("<|im_start|>assistant") - 1
+            for _ in range(params.n):
+                text = self.script(context, turn)
+                tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"] + self.eos_ids
+                ids.append(tokens[: params.max_new_tokens])
+                logps.append([-0.5] * len(ids[-1]))
+        return batch_from_token_lists(batch, params, ids, logps, self.tokenizer.pad_token_id, self.eos_ids)
+
+
+def prompt_batch(messages_per_prompt, extra_infos=None, data_source="arithmetic", ground_truths=None):
+    """A prompt batch as collate makes it, for multi-turn rollouts (which re-render raw_prompt)."""
+    import torch
+
+    from lucidrl.batch import Batch
+
+    n = len(messages_per_prompt)
+    return Batch(
+        tensors={
+            "prompts": torch.zeros(n, 1, dtype=torch.long),
+            "prompt_mask": torch.ones(n, 1, dtype=torch.long),
+        },
+        non_tensors={
+            "uid": [f"p{i}" for i in range(n)],
+            "raw_prompt": list(messages_per_prompt),
+            "extra_info": list(extra_infos or [{} for _ in range(n)]),
+            "data_source": [data_source] * n,
+            "ground_truth": list(ground_truths or ["0"] * n),
+            "assistant_prefix": [""] * n,
+        },
+    )
+
+
+SLEEP_LOG: list = []
+
+
+def sleepy(seconds: float) -> str:
+    """Sleep, recording when the call started and ended (the multi-turn concurrency test).
+
+    Args:
+        seconds: how long
+    """
+    import threading
+    import time
+
+    start = time.monotonic()
+    time.sleep(seconds)
+    SLEEP_LOG.append((start, time.monotonic(), threading.get_ident()))
+    return "slept"
+
+
+def shout(text: str, *, times: int = 1) -> str:
+    """Repeat a text in capitals.
+
+    Args:
+        text: what to repeat
+    """
+    return " ".join([text.upper()] * times)

@@ -16,6 +16,7 @@ from lucidrl.models import load_model
 from lucidrl.workers.actor import ActorWorker, per_token_log_probs
 from lucidrl.workers.micro_batches import (
     length_sorted_micro_batches,
+    loss_weights,
     scatter_rows,
     token_budget_micro_batches,
     trim_response_padding,
@@ -52,6 +53,55 @@ def test_trim_cuts_response_columns_only():
     t = trim_response_padding(b)
     assert t["prompts"].shape == (2, 5) and t["prompt_mask"].shape == (2, 5)
     assert t["responses"].shape == (2, 3) and t["advantages"].shape == (2, 3)
+
+
+def _gapped_batch() -> Batch:
+    """Two multi-turn samples: sample 0's loss mask ends at column 1 and a tool reply (a gap) follows
+    up to column 5; sample 1 is 3 tokens, all its own. Rollout correction rejected sample 1's token 0."""
+    attention = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
+    response_mask = torch.tensor([[1, 1, 0, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
+    return Batch(
+        tensors={
+            "prompts": torch.ones(2, 2, dtype=torch.long),
+            "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+            "responses": torch.arange(16).view(2, 8),
+            "response_mask": response_mask,
+            "response_attention_mask": attention,
+            "loss_mask": torch.tensor([[1, 1, 0, 0, 0, 1, 0, 0], [0, 1, 1, 0, 0, 0, 0, 0]]),
+        },
+        non_tensors={"uid": ["a", "b"]},
+    )
+
+
+def test_micro_batches_run_on_real_tokens_and_losses_count_the_loss_mask():
+    b = _gapped_batch()
+    # trimmed to the longest conversation (6), not the last loss token (5) nor the loss-mask count (4)
+    assert trim_response_padding(b)["responses"].shape[1] == 6
+    # sorted by real length: b (3) before a (6), whatever the loss masks hold
+    assert [idx.tolist() for idx, _ in length_sorted_micro_batches(b, 1)] == [[1], [0]]
+    # a budget fits a's prompt and all 6 of its tokens, not 4
+    with pytest.raises(ValueError, match="one sample is 8 tokens"):
+        token_budget_micro_batches(b, 7, length_sorted=True)
+    assert [len(mb) for _, mb in token_budget_micro_batches(b, 8, length_sorted=True)] == [1, 1]
+    # token-mean weights: loss tokens, a's 3 and b's 2 of the 5
+    ubs = [b.select(torch.tensor([0])), b.select(torch.tensor([1]))]
+    assert loss_weights(b, ubs, "token-mean") == pytest.approx([3 / 5, 2 / 5])
+
+
+def test_a_sample_left_out_of_the_loss_is_still_attended_and_measured():
+    from lucidrl.batch import response_attention, response_lengths
+    from lucidrl.trainer.rewards import leave_out_failed
+
+    b = Batch(
+        tensors={
+            "response_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+            "reward_failed": torch.tensor([False, True]),
+        }
+    )
+    out = leave_out_failed(b)
+    assert out["response_mask"].tolist()[1] == [0, 0, 0, 0]
+    assert response_attention(out).tolist()[1] == [1, 1, 0, 0]
+    assert response_lengths(out).tolist() == [3, 2]
 
 
 def test_groups_stay_together_sorted_by_their_longest_response(kk_data, tiny_model, tiny_tokenizer):

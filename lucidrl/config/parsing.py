@@ -36,9 +36,24 @@ RENAMED = {
 }
 
 
+# verl's keys whose meaning lucidrl has under another name
+VERL_KEYS = {
+    "rollout.multi_turn.max_assistant_turns": "rollout.multi_turn.max_turns",
+    "rollout.multi_turn.max_user_turns": "rollout.multi_turn.max_turns (it counts assistant turns; each is "
+    "answered by at most one round of tool or environment messages)",
+    "rollout.multi_turn.max_tool_response_length": "rollout.multi_turn.max_tool_response_tokens (tokens, "
+    "where verl counts characters)",
+    "rollout.multi_turn.tool_config_path": "rollout.multi_turn.tools (tool names or module:function paths; "
+    "a function's docstring or tool_schema attribute is its schema)",
+    "rollout.multi_turn.interaction_config_path": "rollout.multi_turn.environment (a name or module:Class)",
+}
+
+
 def _unknown_key_error(key: str, source: str, root: type) -> ConfigError:
     if key in RENAMED and key not in all_keys(root):
         return ConfigError(f"config key '{key}' (from {source}) is gone: write {RENAMED[key]}")
+    if key in VERL_KEYS and key not in all_keys(root):
+        return ConfigError(f"config key '{key}' (from {source}) is verl's; lucidrl's is {VERL_KEYS[key]}")
     known = all_keys(root)
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
     if not close:  # try the last component alone: `rollout.temprature` vs `temperature`

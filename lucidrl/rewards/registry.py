@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from lucidrl.diagnostics.errors import UserError
-from lucidrl.rewards import countdown, gsm8k, kk, math, math_dapo, word_problems
+from lucidrl.rewards import arithmetic, countdown, gsm8k, guess_number, kk, math, math_dapo, word_problems
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,6 +42,8 @@ REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "math_dapo_reasoning": math_dapo.compute_score,
     "countdown": countdown.compute_score,  # TinyZero's
     "word_problems": word_problems.compute_score,  # lucidrl data word-problems
+    "arithmetic": arithmetic.compute_score,  # lucidrl data arithmetic (the calculator example)
+    "guess_number": guess_number.compute_score,  # the guess_number environment's game
 }
 
 

@@ -8,7 +8,7 @@ import inspect
 import torch
 
 from lucidrl.algos import apply_kl_penalty, get_advantage_estimator, rollout_correction
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, loss_mask
 from lucidrl.config import LucidConfig
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.trainer.collect import EXTRA_PREFIX
@@ -21,13 +21,6 @@ class RewardComponentError(UserError, ValueError):
 
 class RolloutLogProbsMissing(UserError, ValueError):
     """Rollout correction is on, but the rollout engine gave no log-probs for the sampled tokens."""
-
-
-def loss_mask(batch: Batch) -> torch.Tensor:
-    """(bs, R) the tokens that count in the advantages and losses: the response mask, without the tokens
-    rollout correction's rejection dropped (`loss_mask`, when it ran). The response mask itself stays the
-    attention mask of every forward."""
-    return batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
 
 
 def reward_components(batch: Batch, keys: list[str]) -> torch.Tensor:
@@ -120,8 +113,8 @@ def rollout_log_probs(batch: Batch, why: str) -> torch.Tensor:
 def correct_rollout(batch: Batch, cfg: LucidConfig) -> tuple[Batch, dict[str, float]]:
     """Decoupled rollout correction (algorithm.rollout_correction, bypass_mode=false): importance weights
     `rollout_is_weights` and a rejection `loss_mask` from the actor's old log-probs against the engine's,
-    and the rollout_corr/* metrics. The response mask is left as it is (it is the forwards' attention
-    mask); the estimator and the losses read `loss_mask`."""
+    and the rollout_corr/* metrics. The response mask is left as it is; the estimator and the losses read
+    `loss_mask` (batch.loss_mask), and the forwards attend to every real token (batch.response_attention)."""
     rc = cfg.algorithm.rollout_correction
     rollout = rollout_log_probs(batch, "algorithm.rollout_correction (rollout_is / rollout_rs)")
     weights, keep, metrics = rollout_correction(

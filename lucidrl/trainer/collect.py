@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from lucidrl.algos import dynamic_sampling_keep_mask, overlong_reward_penalty
-from lucidrl.batch import Batch, align_widths
+from lucidrl.batch import Batch, align_widths, last_loss_index, response_lengths
 from lucidrl.config import LucidConfig
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.rewards.manager import RuleRewardManager
@@ -29,9 +29,9 @@ def score(batch: Batch, reward: RuleRewardManager, cfg: LucidConfig) -> Batch:
         batch.set(EXTRA_PREFIX + key, torch.tensor(values, dtype=torch.float32))
     ob = cfg.reward.overlong_buffer
     if ob.enable:
-        lengths = batch["response_mask"].sum(-1)
+        lengths = response_lengths(batch)  # a multi-turn response's tool tokens count against the limit too
         penalty = overlong_reward_penalty(lengths, cfg.data.max_response_length, ob.len, ob.penalty_factor)
-        last = (lengths - 1).clamp(min=0)
+        last = last_loss_index(batch["response_mask"])
         scores = batch["token_level_scores"].clone()
         scores[torch.arange(len(batch)), last] += penalty
         batch.set("token_level_scores", scores)

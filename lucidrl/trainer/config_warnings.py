@@ -59,4 +59,15 @@ def config_warnings(cfg: LucidConfig) -> list[str]:
             "do); for bfloat16 compute over float32 master weights set model.dtype=float32 "
             "model.compute_dtype=bfloat16"
         )
+    mt = cfg.rollout.multi_turn
+    if mt.enable and "python" in mt.tools:
+        from lucidrl.workers.agent.sandbox import layers
+
+        held, missing = layers()
+        if missing:
+            lines.append(
+                f"rollout.multi_turn.tools has python, whose sandbox on this host lacks "
+                f"{'; '.join(f'{k} ({v})' for k, v in missing)}: an audit hook stands in, which native code gets "
+                f"past (it holds: {', '.join(held)}); docs/multi_turn.md says what each layer stops"
+            )
     return lines

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from lucidrl.algos import explained_variance
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, response_attention, response_lengths
+from lucidrl.workers.agent.trajectory import multi_turn_metrics
 
 
 @contextmanager
@@ -63,7 +64,7 @@ def step_metrics(batch: Batch, max_response_length: int, compare_rollout: bool =
     response_mask, the generated one kept as `generated_mask`) count in the lengths, and not in the
     scores and score groups: theirs is no score. reward/failed and reward/timed_out count them."""
     mask = batch["response_mask"].bool()
-    resp_len = batch["generated_mask"].sum(-1) if "generated_mask" in batch else mask.sum(-1)
+    resp_len = response_lengths(batch)  # a multi-turn response's tool tokens and a left-out sample's included
     prompt_len = batch["prompt_mask"].sum(-1)
     seq_scores = batch["token_level_scores"].sum(-1)
     seq_rewards = batch["token_level_rewards"].sum(-1)
@@ -100,6 +101,7 @@ def step_metrics(batch: Batch, max_response_length: int, compare_rollout: bool =
     for key in batch.keys():
         if key.startswith("reward_extra:"):
             out[f"reward/{key.split(':', 1)[1]}/mean"] = nanmean(batch[key].tolist())
+    out.update(multi_turn_metrics(batch))
     if compare_rollout and "rollout_log_probs" in batch and "old_log_probs" in batch:
         # sampling vs training log-probs of the same weights: ~1e-6 in float32; growth means a mismatch
         diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
@@ -111,7 +113,7 @@ def step_metrics(batch: Batch, max_response_length: int, compare_rollout: bool =
 def timing_metrics(timings: dict[str, float], batch: Batch) -> dict[str, float]:
     """timing_s/<stage> and perf/throughput (prompt + response tokens per second of the step)."""
     out = {f"timing_s/{k}": v for k, v in timings.items()}
-    tokens = batch["response_mask"].sum().item() + batch["prompt_mask"].sum().item()
+    tokens = response_attention(batch).sum().item() + batch["prompt_mask"].sum().item()
     out["perf/total_num_tokens"] = float(tokens)
     if timings.get("step"):
         out["perf/throughput"] = tokens / timings["step"]

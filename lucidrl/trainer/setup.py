@@ -192,6 +192,10 @@ def load_data(
             template_kwargs=d.apply_chat_template_kwargs,
             what="data.val_files",
         )
+    if cfg.rollout.multi_turn.enable:  # rows' tools and environments, and prompt lengths with the tools
+        from lucidrl.workers.agent.rows import check_rows
+
+        check_rows(train + val, tokenizer, cfg.rollout.multi_turn, d.max_prompt_length)
     if check_rewards and uses_rule_rewards(cfg) and not cfg.reward.custom_function.path:
         # the built-in rules pick a function by data_source: every row needs one, found before the first step
         for samples, what in ((train, "data.train_files"), (val, "data.val_files")):

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from lucidrl.batch import Batch, align_widths
+from lucidrl.batch import Batch, align_widths, response_lengths
 from lucidrl.data.dataset import PromptSample, collate
 from lucidrl.rewards.kk import people_count
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer.metrics import nanmean
+from lucidrl.workers.agent.trajectory import multi_turn_metrics
 from lucidrl.workers.rollout_hf import SamplingParams
 
 
@@ -53,7 +54,7 @@ def validate(
     # score is its accuracy) are NaN in the "acc" that another source's rows fill
     fallback = seq_scores if reward.score_is_accuracy else [float("nan")] * len(seq_scores)
     acc = [f if a != a else a for a, f in zip(extras.get("acc", fallback), fallback, strict=True)]
-    lengths = batch["response_mask"].sum(-1).tolist()
+    lengths = response_lengths(batch).tolist()
     groups: dict[str, list[int]] = defaultdict(list)
     for i, ds in enumerate(batch["data_source"]):
         groups[ds].append(i)
@@ -78,6 +79,7 @@ def validate(
             if k != "acc" and any(values[i] == values[i] for i in idx):  # not an extra only others return
                 out[f"val/{key}/{k}"] = nanmean([values[i] for i in idx])
     out["val/acc"] = nanmean(acc)
+    out.update(multi_turn_metrics(batch, prefix="val/multi_turn"))
     if "reward_failed" in batch:
         out["val/reward_failed"] = float(sum(failed))  # left out of the means above
     return out

@@ -8,12 +8,12 @@ import torch
 
 from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.algos.aggregation import norm_width, pad_response_width
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, loss_mask
 from lucidrl.config.schema import ActorConfig, RolloutCorrectionConfig
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import check_chunkable_head, check_prompt_sharable, response_log_probs
 from lucidrl.workers.log_prob_pass import per_token_log_probs, per_token_log_probs_and_sum_pi_squared
-from lucidrl.workers.micro_batches import loss_mask, loss_weights, micro_batches, token_shares
+from lucidrl.workers.micro_batches import loss_weights, micro_batches, token_shares
 from lucidrl.workers.optim import build_optimizer
 from lucidrl.workers.rank_metrics import Combine, RankMetrics
 from lucidrl.workers.update_loop import run_update, update_metrics

@@ -10,12 +10,12 @@ from transformers.utils import logging as hf_logging
 
 from lucidrl.algos import compute_value_loss
 from lucidrl.algos.aggregation import norm_width, pad_response_width
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, loss_mask
 from lucidrl.config.schema import CriticConfig
 from lucidrl.models.loading import ModelLoadError
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import sequence_inputs
-from lucidrl.workers.micro_batches import loss_mask, loss_weights, micro_batches, scatter_rows, token_shares
+from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows, token_shares
 from lucidrl.workers.optim import build_optimizer
 from lucidrl.workers.rank_metrics import RankMetrics
 from lucidrl.workers.update_loop import run_update, update_metrics

@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 from lucidrl.algos.fused_logprob import log_probs_and_entropy
 from lucidrl.algos.logprob import sum_pi_squared_from_logits
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, response_attention
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.workers.model_support import _cache_kwarg, last_logits_only, non_attention_layers
 
@@ -17,10 +17,11 @@ def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     """input_ids, attention_mask and position_ids for prompt+response, prompts left-padded.
 
     Positions count only attended tokens, exactly as `generate` numbered them, so the log-probs of
-    a training forward match the ones sampled.
+    a training forward match the ones sampled. A multi-turn response's tool tokens are attended to
+    (batch.response_attention), though out of the loss mask.
     """
     input_ids = torch.cat([batch["prompts"], batch["responses"]], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], response_attention(batch)], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return input_ids, attention_mask, position_ids
 
@@ -63,7 +64,7 @@ def _response_logits_shared_prefix(
     )  # fmt: skip
     first = out[:, -1:, :][row_group]  # predicts each sample's first response token
     cache.batch_select_indices(row_group.to(prompts.device))
-    mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], response_attention(batch)], dim=1)
     resp_pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, prompts.shape[1] :]
     out = _run(
         model, hidden, input_ids=batch["responses"], attention_mask=mask, position_ids=resp_pos,

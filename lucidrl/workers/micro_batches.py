@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, loss_mask, response_lengths
 
 PROMPT_SIDE = {"prompts", "prompt_mask"}
 
@@ -26,7 +26,7 @@ PROMPT_SIDE = {"prompts", "prompt_mask"}
 def trim_response_padding(batch: Batch) -> Batch:
     """The same samples with the response columns past the longest response cut off."""
     width = batch["responses"].shape[1]
-    longest = max(1, int(batch["response_mask"].sum(-1).max().item())) if len(batch) else width
+    longest = max(1, int(response_lengths(batch).max().item())) if len(batch) else width
     if longest >= width:
         return batch
     tensors = {
@@ -59,7 +59,7 @@ def length_sorted_micro_batches(batch: Batch, size: int) -> list[tuple[torch.Ten
     Groups (consecutive equal `uid`s; each sample is its own group without uids) are ordered by their
     longest response, shortest first; ties keep their order, so the result is deterministic.
     """
-    lengths = batch["response_mask"].sum(-1).tolist()
+    lengths = response_lengths(batch).tolist()
     groups = _by_longest_response(_groups(batch), lengths)
     order = torch.tensor([i for g in groups for i in g], dtype=torch.long)
     return [(idx, trim_response_padding(batch.select(idx))) for idx in order.split(size)]
@@ -78,7 +78,7 @@ def token_budget_micro_batches(
     A prompt group is kept whole when it fits an empty micro-batch; a larger one is split between
     samples. Raises ValueError when a single sample is longer than the budget.
     """
-    lengths = [int(x) for x in batch["response_mask"].sum(-1).tolist()]
+    lengths = [int(x) for x in response_lengths(batch).tolist()]
     prompt_width, full_width = batch["prompts"].shape[1], batch["responses"].shape[1]
     groups = _groups(batch)
     if length_sorted:
@@ -164,13 +164,6 @@ def match_count(
             halves.append((part, trim_response_padding(mb) if trim else mb))
         chunks[i : i + 1] = halves
     return chunks
-
-
-def loss_mask(b: Batch) -> torch.Tensor:
-    """(bs, R) the tokens that count in the losses: `loss_mask` where rollout correction's rejection
-    made one (the response mask without the rejected tokens), else the response mask. The response
-    mask stays the forwards' attention mask either way."""
-    return b["loss_mask"] if "loss_mask" in b else b["response_mask"]
 
 
 def loss_weights(mb: Batch, ubs: list[Batch], loss_agg_mode: str, world_size: int = 1) -> list[float]:

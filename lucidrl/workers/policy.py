@@ -91,6 +91,7 @@ class PolicyWorker:
         compute = self.compute_dtype = autocast_dtype(m.dtype, m.compute_dtype)  # bf16 over fp32 weights
         self.tokenizer = load_run_tokenizer(m)
         self.actor = self.rollout = self.reference = self.critic = self.reward_model = None
+        self.agent = None  # with rollout.multi_turn.enable: the multi-turn rollout over self.rollout
         sharded = self.world_size > 1
         if "actor" in roles:
             model = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code)
@@ -127,6 +128,19 @@ class PolicyWorker:
             )
             if not isinstance(self.rollout, HFRollout):
                 self._push_rollout_weights()  # the engine must generate with the actor's weights
+            if cfg.rollout.multi_turn.enable:  # conversations over the engine, one call per turn
+                from lucidrl.workers.agent import MultiTurnRollout
+
+                d = cfg.data
+                self.agent = MultiTurnRollout(
+                    self.rollout,
+                    self.tokenizer,
+                    cfg.rollout.multi_turn,
+                    eos_ids=getattr(self.rollout, "eos_ids", None) or eos_token_ids(model, self.tokenizer),
+                    max_prompt_length=d.max_prompt_length,
+                    max_response_length=d.max_response_length,
+                    model_where=f"model.path={m.path!r}",
+                )
         elif "reference" in roles:
             ref = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code).to(self.device)
             self.reference = self._reference(ref)
@@ -289,7 +303,8 @@ class PolicyWorker:
 
     @dispatch(Dispatch.DP)
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
-        return self._out(self._need("rollout", self.rollout).generate(self._in(prompts), params))
+        engine = self.agent or self._need("rollout", self.rollout)
+        return self._out(engine.generate(self._in(prompts), params))
 
     @dispatch(Dispatch.DP)
     def compute_log_prob(self, batch: Batch) -> Batch:

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 from transformers.utils import logging as hf_logging
 
-from lucidrl.batch import Batch
+from lucidrl.batch import Batch, last_loss_index, response_lengths
 from lucidrl.models.loading import DTYPES, ModelLoadError, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class RewardModelWorker:
 
     def _sequences(self, batch: Batch) -> list[list[int]]:
         """Each sample's token ids as the reward model reads them (no padding, not yet cut to max_length)."""
-        lengths = batch["response_mask"].sum(-1).tolist()
+        lengths = response_lengths(batch).tolist()  # a multi-turn response's tool tokens too
         out = []
         for i, n in enumerate(lengths):
             if self.reuse_ids:
@@ -122,6 +122,10 @@ class RewardModelWorker:
             response = self.policy_tokenizer.decode(
                 batch["responses"][i][: int(n)].tolist(), skip_special_tokens=True
             )
+            if "conversation" in batch:  # a multi-turn sample: the whole chat, tool messages included
+                text = self.tokenizer.apply_chat_template(batch["conversation"][i], tokenize=False)
+                out.append(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+                continue
             if "prompt_is_raw" in batch and batch["prompt_is_raw"][i]:
                 # its text carries the policy's own chat markup: wrapped in the reward model's template as a
                 # user message it would be scored as another conversation than the one the policy had
@@ -182,6 +186,5 @@ class RewardModelWorker:
                 "check its weights and reward_model.model.dtype (bfloat16 overflow), or score in float32"
             )
         rm = torch.zeros(mask.shape, dtype=torch.float32)
-        last = (mask.sum(-1) - 1).clamp(min=0)
-        rm[torch.arange(len(values)), last] = values
+        rm[torch.arange(len(values)), last_loss_index(mask)] = values
         return Batch(tensors={"rm_scores": rm, "rm_truncated": truncated})
