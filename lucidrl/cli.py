@@ -208,7 +208,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(config_path, overrides, verl=True if args.verl else None)
     # on a Ray worker's death it resumes from the latest checkpoint, trainer.max_restarts times
     trainer = fit_with_restarts(cfg)
-    print(f"run directory: {trainer.run_dir} (metrics.jsonl, config.yaml, final/ HuggingFace model)")
+    print(f"run directory: {trainer.run_dir} ({_run_dir_contents(cfg.trainer)})")
     return 0
 
 
@@ -224,8 +224,17 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     with RaiseOnSigterm():  # loading the model and data: SIGTERM stops with a word, not silently
         trainer = SFTTrainer(cfg)
     run_dir = trainer.fit()
-    print(f"run directory: {run_dir} (metrics.jsonl, config.yaml, final/ HuggingFace model)")
+    print(f"run directory: {run_dir} ({_run_dir_contents(cfg.trainer)})")
     return 0
+
+
+def _run_dir_contents(trainer_cfg) -> str:
+    """What a finished run's folder holds, by its config: the line `train` and `sft` end with."""
+    held = ["metrics.jsonl"] if "jsonl" in trainer_cfg.logger else []
+    held.append("config.yaml")
+    if trainer_cfg.save_final_model:
+        held.append("final/ HuggingFace model")
+    return ", ".join(held)
 
 
 def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
