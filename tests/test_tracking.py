@@ -72,7 +72,7 @@ def test_every_tracker_gets_the_metrics_and_a_resume_continues_the_same_runs(
     assert [r["step"] for r in logged] == [1, 2, 3, 4]
     assert MlflowClient().get_run(ids["mlflow"]).info.status == "FINISHED"
     history = MlflowClient().get_metric_history(ids["mlflow"], "sft/loss")
-    # MLflow keeps both values of the step trained twice (as the README says)
+    # MLflow keeps both values of the step trained twice (as docs/metrics.md says)
     both = [(r["step"], r["sft/loss"]) for r in logged] + [(3, first_step3)]
     assert sorted((m.step, m.value) for m in history) == sorted(both)
     params = MlflowClient().get_run(ids["mlflow"]).data.params

@@ -6,9 +6,8 @@ the page and this table disagree). Rows are tried in order: a specific key befor
 also covers it. Keys are verl 0.9's (verl/trainer/config/_generated_ppo_trainer.yaml), plus the older
 names Logic-RL's and TinyZero's scripts use and the DAPO recipe's.
 
-A map row whose lucidrl key does not exist yet (issue 34 adds several: verl 0.9's newer losses and
-estimators) is refused as "not built yet" until that key lands, with no change here when it lands
-under the name written.
+A map row whose lucidrl key does not exist is refused as "not built yet", and starts working with no
+change here once the key is added under the name written.
 """
 
 from __future__ import annotations
@@ -211,7 +210,7 @@ ROWS: list[Row] = [
         "actor.policy_loss.loss_mode|actor.policy_loss",
         convert=registered("policy loss", VERL_POLICY_LOSSES),
     ),
-    # verl 0.9's policy-loss options and scaling (issue 34 adds the lucidrl keys)
+    # verl 0.9's policy-loss options and scaling
     Map(
         "actor_rollout_ref.actor.policy_loss.clip_cov_ratio",
         "actor.policy_loss.clip_cov_ratio",
@@ -595,7 +594,7 @@ ROWS: list[Row] = [
     Map("algorithm.filter_groups.max_num_gen_batches", "algorithm.filter_groups.max_num_gen_batches"),
     Refuse("algorithm.use_pf_ppo", "preference-feedback PPO reweighting", default=False),
     Row("algorithm.pf_ppo.**", None, "note", convert=only_if_off("algorithm.use_pf_ppo")),
-    # verl 0.9's rollout correction (issue 34 adds the lucidrl keys)
+    # verl 0.9's rollout correction
     Map("algorithm.rollout_correction.rollout_is", "algorithm.rollout_correction.rollout_is", default=None),
     Map(
         "algorithm.rollout_correction.rollout_is_threshold",

@@ -8,7 +8,7 @@ labelled puzzles make that shortcut fail. Structures do not change, so copies of
 never coincide with held-out ones (generated puzzles are distinct up to names, the order of and/or/iff
 arguments and the order people are introduced in: logic.puzzle_key; logically equal statements in
 other words, "it is not the case that A is a knight" for "A is a knave", count as other puzzles, and
-the 285 two-person puzzles fall into 57 classes of the same logic: README's "Data")
+the 285 two-person puzzles fall into 57 classes of the same logic)
 """
 
 from __future__ import annotations
