@@ -451,7 +451,7 @@ def run_seed(out: Path, plan: ScarceLabelsPlan, seed: int, console: Console) -> 
 
     # the first SFT run resumed from its last step, so SFT alone is one run of sft_s + rl_s: its AdamW
     # moments, LR schedule and place in the shuffled epochs carry on (a fresh run from the start
-    # weights, as until this release, warmed up again and replayed the first phase's batch order)
+    # weights would warm up again and replay the first phase's batch order)
     console.print(
         f"  b. baseline: the SFT run resumed on the same labelled traces for {plan.rl_s:.0f} s more"
     )

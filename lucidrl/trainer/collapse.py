@@ -102,8 +102,7 @@ class CollapseMonitor:
                         f"trainer.collapse.max_score_drop {c.max_score_drop} below its best {self.best_score_ema:.3f}"
                     )
                 self.best_score_ema = max(self.best_score_ema, self.score_ema)
-        # the KL loss's, else the reward penalty's (algos/kl.py apply_kl_penalty); until this release the
-        # latter was read as actor/reward_kl, a name nothing logs, so max_kl never fired on such runs
+        # the KL loss's, else the reward penalty's (algos/kl.py apply_kl_penalty)
         kl = m.get(_first_present(m, "actor/kl_loss_token_mean", "actor/kl_loss", "actor/reward_kl_penalty"))
         if c.max_kl is not None and kl is not None and kl > c.max_kl:
             signs.append(f"KL to the reference {kl:.4f} > trainer.collapse.max_kl {c.max_kl}")
