@@ -72,3 +72,14 @@ def test_bad_requests_are_refused_before_any_work(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path / "c"), "--steps", "0"]) == 2
     assert "steps must be >= 1" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_bf16_compute_only_where_the_cpu_has_it(monkeypatch):
+    import lucidrl.models.precision as precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)  # AVX2 only: bf16 is emulated
+    assert DemoPlan().resolved_compute_dtype() is None
+    assert DemoPlan(device="cuda").resolved_compute_dtype() == "bfloat16"
+    assert DemoPlan(compute_dtype="bfloat16").resolved_compute_dtype() == "bfloat16"  # asked for
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert DemoPlan().resolved_compute_dtype() == "bfloat16"

@@ -23,10 +23,22 @@ class DemoPlan:
     warmup_steps: int = 3
     kl_coef: float = 0.0  # 0: no reference model, no KL (the verifier alone)
     lora_rank: int = 0  # 0: every weight trains
-    compute_dtype: str | None = "bfloat16"  # bf16 compute over float32 master weights
+    # bf16 compute over float32 master weights where the CPU has native bf16 (AVX-512 BF16, AMX), else
+    # float32 (emulated bf16 is several times slower): "auto"; or "bfloat16", or None for float32
+    compute_dtype: str | None = "auto"
     eval_every: int = 5
     temperature: float = 1.0
     device: str = "cpu"  # trainer.device (the demo runs on the CPU; benchmarks/demo_sweep.py may use cuda)
+
+    def resolved_compute_dtype(self) -> str | None:
+        """The model.compute_dtype the run gets: "auto" decided by the device and the CPU's flags."""
+        if self.compute_dtype != "auto":
+            return self.compute_dtype
+        if self.device != "cpu":
+            return "bfloat16"
+        from lucidrl.models.precision import cpu_has_native_bf16
+
+        return None if cpu_has_native_bf16() is False else "bfloat16"
 
     def __post_init__(self) -> None:
         for key in ("n_train", "n_val", "steps", "prompts", "n", "max_new_tokens", "eval_every"):
