@@ -296,3 +296,10 @@ def test_learning_curve_points_their_times_and_a_restored_end(tmp_path, kk_data,
         "train_s": 109.0,
         "restored": True,
     }
+
+
+def test_a_pretrained_start_gets_rates_and_micro_batches_of_its_own():
+    scratch, pretrained = ScarceLabelsPlan(), ScarceLabelsPlan(model="models/smollm2")
+    assert (scratch.sft_lr, scratch.rl_lr, scratch.rl_micro_batch) == (1e-3, 1e-4, 64)
+    assert (pretrained.sft_lr, pretrained.rl_lr, pretrained.rl_micro_batch) == (2e-5, 2e-5, 8)
+    assert ScarceLabelsPlan(model="m", rl_lr=1e-4).rl_lr == 1e-4  # a value given is kept

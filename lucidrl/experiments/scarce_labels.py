@@ -81,10 +81,16 @@ class ScarceLabelsPlan:
     # length-sorted micro-batches of 8 rows (each padded to its own longest): the same gradient as one
     # forward of 32 in less time (benchmarks/sft_micro_batches.py), so the budget takes more steps
     sft_micro_batch: int = 8
-    sft_lr: float = 1e-3
+    # None: by the start. 1e-3 SFT and 1e-4 GRPO for the tiny model trained from scratch; 2e-5 for both
+    # from a pretrained --model, whose weights a scratch model's rates would wreck
+    sft_lr: float | None = None
     rl_prompts: int = 16
     rl_n: int = 8
-    rl_lr: float = 1e-4
+    rl_lr: float | None = None
+    # rows per forward in GRPO's update and log-prob passes (the gradient does not depend on it); None:
+    # 64 for the tiny model, 8 from a --model, whose logits over a large vocabulary (SmolLM2: 49,152)
+    # took 16 GB at 64
+    rl_micro_batch: int | None = None
     rl_warmup: int = 3
     kl_coef: float = 0.02
     max_new_tokens: int | None = None  # room for the longest trace of `people` (PEOPLE_DEFAULTS)
@@ -104,6 +110,10 @@ class ScarceLabelsPlan:
         for key, value in PEOPLE_DEFAULTS[self.people].items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
+        pretrained = self.model is not None
+        for key, scratch, tuned in (("sft_lr", 1e-3, 2e-5), ("rl_lr", 1e-4, 2e-5), ("rl_micro_batch", 64, 8)):
+            if getattr(self, key) is None:
+                setattr(self, key, tuned if pretrained else scratch)
 
 
 # the RL pool's accuracy (the table's last column) is measured on the first this many distinct puzzles GRPO
@@ -251,8 +261,8 @@ def grpo_config(model: str, files: dict, run_dir: Path, plan: ScarceLabelsPlan, 
         "actor": {
             "optim": {"lr": plan.rl_lr, "warmup_steps": plan.rl_warmup},
             "ppo_mini_batch_size": plan.rl_prompts,
-            "ppo_micro_batch_size": min(64, plan.rl_prompts * plan.rl_n),
-            "log_prob_micro_batch_size": 64,
+            "ppo_micro_batch_size": min(plan.rl_micro_batch, plan.rl_prompts * plan.rl_n),
+            "log_prob_micro_batch_size": plan.rl_micro_batch,
             "use_kl_loss": True,
             "kl_loss_coef": plan.kl_coef,
             "kl_loss_type": "low_var_kl",
