@@ -1,22 +1,49 @@
-"""GRPO from the same SFT'd model: lucidrl against TRL's GRPOTrainer, held-out accuracy side by side.
+"""GRPO from the same model: lucidrl against TRL's GRPOTrainer, held-out accuracy side by side.
 
-The same starting model (the demo's SFT checkpoint), the same unlabelled K&K prompts (2-person, or
-3-person from `lucidrl demo --people 3`), the same verifier (lucidrl's Logic-RL K&K reward, called on
-"<think>" + completion in both), the same number of generated samples per step (16 prompts x 8, T=1,
-<= the demo's own response length: 160 new tokens at 2 people, 448 at 3), the same update
-(one optimizer step per generation batch, lr 1e-4 with a 3-step warm-up, PPO clip 0.2, k3 KL loss
-0.02, token-mean loss, grad clip 1). Every `--eval-every` steps each framework's weights are saved
-and scored by the same evaluator (`lucidrl.trainer.evaluation.evaluate`: greedy on the held-out puzzles),
-so the two curves differ only in the training. Each framework runs in its own process, one after
-the other; evaluation time is not counted in the training time.
+Two settings (`--setting`), each with lucidrl's own config for it and TRL given the same:
 
-    .venv/bin/lucidrl demo --out outputs/demo             # makes the SFT'd model and the puzzles
-    .venv/bin/python benchmarks/learning_vs_trl.py --from-demo outputs/demo/seed0 [--steps 24] [--eval-every 6]
+- `smollm2` (the default without --from-demo): the new demo's run. SmolLM2-135M-Instruct (--model,
+  default outputs/demo/model, which `lucidrl demo` writes) trained with only a verifier on one-step
+  word problems asking for "The answer is N." (2,000 training problems, 150 held-out ones whose numbers
+  training never shows; `lucidrl.data.word_problems`, zero-shot). lucidrl runs exactly the demo's config
+  (`lucidrl.demo.run.grpo_config` with a default `DemoPlan`): 16 prompts x 8 samples per step, T=1,
+  <= 64 new tokens, lr 2e-5 with a 3-step warm-up, no KL (no reference model), full fine-tuning, one
+  optimizer step per generation batch, bf16 compute over float32 weights, token-mean loss, PPO clip
+  0.2, grad clip 1. Reward: `lucidrl.rewards.word_problems` (1 for the right number, else 0).
+- `kk` (with --from-demo): the scarce-label experiment's SFT checkpoint on its unlabelled K&K puzzles
+  (2-person, or 3-person from `lucidrl experiment scarce-labels --people 3`), lucidrl's Logic-RL K&K
+  reward on "<think>" + completion, 16 x 8 samples, <= the experiment's response length (160 new
+  tokens at 2 people, 448 at 3), lr 1e-4 with a 3-step warm-up, k3 KL loss 0.02, float32.
 
-TRL is a benchmark dependency only: `pip install -c constraints.txt trl==1.16.0`. TRL's configs default
-to `bf16=True` even with `use_cpu=True`; on a CPU without native bf16 (AVX2 only, like ours) that sends
-its matmuls to torch's emulated bf16 gemm and a step took 350 s instead of ~25 s, so TRL runs here in
-float32 (`bf16=False`), without gradient checkpointing, as lucidrl does.
+TRL's GRPOConfig is filled from lucidrl's config (`recipe`): the same prompts rendered the same way
+(lucidrl's chat-template rendering, passed as strings so the token ids match), samples per step,
+temperature, max_completion_length, AdamW settings and warm-up, beta (the KL coefficient), epsilon (the
+PPO clip), loss_type="dapo" (token-mean over the step's batch, lucidrl's token-mean), group-scaled
+advantages (GRPO's std), grad clip, and a training micro-batch of lucidrl's ppo_micro_batch_size; no
+gradient checkpointing (TRL's default turns it on; recomputing costs time). Precision, where lucidrl
+sets `model.compute_dtype=bfloat16` (smollm2): lucidrl keeps float32 weights, gradients and AdamW state
+and runs every forward (decoding and the update) under `torch.autocast("cpu", bfloat16)`, backward
+replaying each op in its forward's dtype; TRL gets `bf16=True`, for which accelerate wraps the model's
+forward in the same `torch.autocast("cpu", bfloat16)` (weights, gradients and AdamW state float32) and,
+as `generate` calls that forward, TRL's decoding computes in bf16 as well (the worker checks the wrapper
+is there). Both are fast only on a CPU with native bf16 (AVX-512 BF16 or AMX, as this one has); on an
+AVX2 CPU bf16 matmuls are emulated and several times slower. For `kk` both run in float32 (`bf16=False`).
+
+Every `--eval-every` steps each framework's weights are saved and scored by the same evaluator
+(`lucidrl.trainer.evaluation.evaluate`: greedy, on the held-out set), so the two curves differ only in
+the training. Each framework runs in its own process (`--threads` torch threads), one after the other;
+the training seconds exclude evaluation. The last line says when lucidrl's curve first reached TRL's
+final accuracy, and the ratio of its training time then to TRL's whole (the goal: at most a third).
+
+    .venv/bin/lucidrl demo                                 # writes outputs/demo/model (SmolLM2-135M-Instruct)
+    .venv/bin/python benchmarks/learning_vs_trl.py [--model outputs/demo/model] [--steps 10] [--eval-every 5] \\
+        [--json outputs/learning_vs_trl_smollm2.json]
+
+    .venv/bin/lucidrl experiment scarce-labels     # the SFT'd model and the puzzles, in outputs/scarce_labels
+    .venv/bin/python benchmarks/learning_vs_trl.py --setting kk --from-demo outputs/scarce_labels/seed0 \\
+        [--steps 24] [--eval-every 6]
+
+TRL is a benchmark dependency only: `pip install -c constraints.txt trl==1.16.0`.
 """
 
 from __future__ import annotations
@@ -28,17 +55,30 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-N_PROMPTS, N_SAMPLES = 16, 8
-MAX_NEW = 160  # new tokens per response: main() sets the demo's own (ScarceLabelsPlan.max_new_tokens by puzzle size)
-LR, WARMUP, KL_COEF, CLIP = 1e-4, 3, 0.02, 0.2
+DEFAULT_MODEL = "outputs/demo/model"  # where `lucidrl demo` writes SmolLM2-135M-Instruct
+N_TRAIN, N_VAL = 2000, 150  # the smollm2 setting's word problems: the demo's (DemoPlan)
+DEFAULTS = {"kk": {"steps": 24, "eval_every": 6}, "smollm2": {"steps": 10, "eval_every": 5}}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One comparison: the starting model, its training prompts and held-out set, the response room."""
+
+    name: str  # "kk" or "smollm2"
+    model: str
+    train: str
+    val: str
+    data_source: str  # the evaluator's entry for the held-out set
+    max_new: int  # new tokens per response, in training and in evaluation
 
 
 def response_tokens(demo: Path) -> int:
-    """The demo's room for a response, by the size of its held-out puzzles (demo.PEOPLE_DEFAULTS): a
+    """The K&K demo's room for a response, by the size of its held-out puzzles (PEOPLE_DEFAULTS): a
     3-person trace cut at the 2-person 160 tokens scores as a format failure in both frameworks."""
     import pyarrow.parquet as pq
 
@@ -48,115 +88,248 @@ def response_tokens(demo: Path) -> int:
     sizes = sorted({info["n_people"] for info in infos.to_pylist()})
     if len(sizes) != 1 or sizes[0] not in PEOPLE_DEFAULTS:
         sys.exit(
-            f"--from-demo {demo}: its held-out puzzles have {sizes} people; give a `lucidrl demo` seed folder "
+            f"--from-demo {demo}: its held-out puzzles have {sizes} people; give a scarce-labels seed folder "
             f"(one size: {' or '.join(map(str, PEOPLE_DEFAULTS))} people)"
         )
     return PEOPLE_DEFAULTS[sizes[0]]["max_new_tokens"]
 
 
-def greedy_accuracy(model_dir: str, val: str) -> float:
+def kk_setting(demo: Path) -> Setting:
+    for need in ("sft/final/config.json", "data/unlabelled.parquet", "data/val.parquet"):
+        if not (demo / need).exists():
+            sys.exit(
+                f"--from-demo {demo}: no {need}; run `lucidrl experiment scarce-labels --out DIR` first "
+                "and pass DIR/seed0"
+            )
+    data = demo / "data"
+    return Setting(
+        name="kk",
+        model=str(demo / "sft" / "final"),
+        train=str(data / "unlabelled.parquet"),
+        val=str(data / "val.parquet"),
+        data_source="kk_logic",
+        max_new=response_tokens(demo),
+    )
+
+
+def smollm2_setting(model: Path, data: Path) -> Setting:
+    from lucidrl.demo.plan import DemoPlan
+
+    if not (model / "config.json").is_file():
+        sys.exit(
+            f"--model {model}: not a HuggingFace model folder (no config.json); `lucidrl demo` writes "
+            f"SmolLM2-135M-Instruct to {DEFAULT_MODEL}"
+        )
+    return Setting(
+        name="smollm2",
+        model=str(model),
+        train=str(data / "train.parquet"),
+        val=str(data / "val.parquet"),
+        data_source="word_problems",
+        max_new=DemoPlan().max_new_tokens,
+    )
+
+
+def write_word_problems(data: Path) -> None:
+    from lucidrl.data.word_problems import write_word_problems_parquet
+
+    write_word_problems_parquet(data, n_train=N_TRAIN, n_val=N_VAL, seed=0, fmt="answer_is", shots=0)
+
+
+def lucidrl_config(setting: Setting, steps: int, run_dir: Path, threads: int) -> dict:
+    """lucidrl's config for the setting: the demo's (smollm2) or the scarce-label experiment's (kk)."""
+    if setting.name == "smollm2":
+        from lucidrl.demo.plan import DemoPlan
+        from lucidrl.demo.run import grpo_config
+
+        files = {"train": setting.train, "val": setting.val}
+        cfg = grpo_config(setting.model, files, run_dir, DemoPlan(steps=steps), seed=0)
+    else:
+        from lucidrl.experiments.scarce_labels import ScarceLabelsPlan
+        from lucidrl.experiments.scarce_labels import grpo_config as kk_grpo_config
+
+        plan = ScarceLabelsPlan(rl_prompts=16, rl_n=8, rl_lr=1e-4, rl_warmup=3, kl_coef=0.02)
+        plan.max_new_tokens = setting.max_new
+        cfg = kk_grpo_config(setting.model, {"unlabelled": setting.train}, run_dir, plan, seed=0)
+    cfg["trainer"].update(
+        {"max_time_s": None, "total_training_steps": steps, "logger": ["jsonl"], "num_threads": threads}
+    )
+    cfg["trainer"]["collapse"] = {"enable": False}  # the same steps as TRL, whatever happens
+    return cfg
+
+
+def recipe(cfg: dict) -> dict:
+    """What TRL is given, read from lucidrl's resolved config (defaults included) so the two cannot drift;
+    exits where lucidrl's config asks for something this translation does not carry over."""
+    from lucidrl.config import config_from_dict
+    from lucidrl.models.precision import autocast_dtype
+
+    c = config_from_dict(cfg, source="learning_vs_trl")
+    a, r = c.actor, c.rollout
+    samples = c.data.train_batch_size * r.n
+    unmatched = {
+        "one update per step (actor.ppo_mini_batch_size = data.train_batch_size, ppo_epochs 1)": (
+            a.ppo_mini_batch_size == c.data.train_batch_size and a.ppo_epochs == 1
+        ),
+        "actor.loss_agg_mode=token-mean": a.loss_agg_mode == "token-mean",
+        "a symmetric clip (clip_ratio_low = clip_ratio_high)": a.clip_ratio_low == a.clip_ratio_high,
+        "k3 KL (kl_loss_type=low_var_kl)": not a.use_kl_loss or a.kl_loss_type == "low_var_kl",
+        "full fine-tuning (model.lora_rank=0)": c.model.lora_rank == 0,
+        "GRPO's std-scaled advantages": c.algorithm.norm_adv_by_std_in_grpo,
+        "no entropy bonus": a.entropy_coeff == 0,
+        "plain sampling (top_p 1, no top_k)": r.top_p == 1.0 and r.top_k == -1,
+        "micro-batches that divide the step's samples": samples % a.ppo_micro_batch_size == 0,
+    }
+    missing = [what for what, ok in unmatched.items() if not ok]
+    if missing:
+        sys.exit(f"lucidrl's config has settings TRL is not given here; it needs {', '.join(missing)}")
+    return {
+        "prompts": c.data.train_batch_size,
+        "n": r.n,
+        "temperature": r.temperature,
+        "max_new": c.data.max_response_length,
+        "lr": a.optim.lr,
+        "warmup": a.optim.warmup_steps,
+        "betas": list(a.optim.betas),
+        "weight_decay": a.optim.weight_decay,
+        "grad_clip": a.optim.grad_clip,
+        "clip": a.clip_ratio_low,
+        "kl": a.kl_loss_coef if a.use_kl_loss else 0.0,
+        "micro_batch": a.ppo_micro_batch_size,
+        "bf16": autocast_dtype(c.model.dtype, c.model.compute_dtype) == torch.bfloat16,
+    }
+
+
+def greedy_accuracy(model_dir: str, setting: Setting, n_val: int | None) -> tuple[float, int]:
+    """Greedy held-out accuracy of the model at `model_dir` (the first `n_val` prompts; None: all), and
+    how many prompts it was measured on."""
     from lucidrl.trainer.evaluation import evaluate
 
-    result = evaluate(model_dir, [val], k=1, max_new_tokens=MAX_NEW, seed=0, sampled=False)
-    return result["data_sources"]["kk_logic"]["greedy"]["acc"]
+    result = evaluate(
+        model_dir, [setting.val], k=1, max_new_tokens=setting.max_new, limit=n_val, seed=0, sampled=False
+    )
+    entry = result["data_sources"][setting.data_source]
+    return entry["greedy"]["acc"], entry["n_prompts"]
+
+
+def score(setting: Setting, completion: str, ground_truth: str, extra_info: dict) -> float:
+    """The verifier's score of one completion, as lucidrl's reward manager calls it for the setting."""
+    if setting.name == "kk":
+        from lucidrl.rewards.kk import compute_score as kk_score
+
+        return float(kk_score("<think>" + completion, ground_truth)["score"])
+    from lucidrl.rewards.word_problems import compute_score
+
+    return float(compute_score(completion, ground_truth, extra_info)["score"])
 
 
 # -- workers: each runs in its own process and prints one JSON line -------------------------------------
 
 
-def worker_lucidrl(demo: Path, steps: int, every: int, work: Path) -> dict:
+def worker_lucidrl(
+    setting: Setting, steps: int, every: int, n_val: int | None, work: Path, threads: int
+) -> dict:
     from lucidrl.config import config_from_dict
-    from lucidrl.experiments.scarce_labels import ScarceLabelsPlan, grpo_config
     from lucidrl.trainer.ppo import PPOTrainer
 
-    plan = ScarceLabelsPlan(rl_prompts=N_PROMPTS, rl_n=N_SAMPLES, rl_lr=LR, rl_warmup=WARMUP, kl_coef=KL_COEF)
-    plan.max_new_tokens = MAX_NEW
-    files = {"unlabelled": str(demo / "data" / "unlabelled.parquet")}
-    cfg = grpo_config(str(demo / "sft" / "final"), files, work / "lucidrl", plan, seed=0)
-    cfg["trainer"].update({"max_time_s": None, "total_training_steps": steps, "logger": ["jsonl"]})
-    cfg["trainer"]["collapse"] = {"enable": False}  # the same steps as TRL, whatever happens
+    cfg = lucidrl_config(setting, steps, work / "lucidrl", threads)
     trainer = PPOTrainer(config_from_dict(cfg, source="learning_vs_trl"))
-    val = str(demo / "data" / "val.parquet")
-    curve, train_s = [(0, 0.0, greedy_accuracy(str(demo / "sft" / "final"), val))], 0.0
+    acc, n_eval = greedy_accuracy(setting.model, setting, n_val)
+    curve, step_s = [(0, 0.0, acc)], []
     for step in range(1, steps + 1):
         trainer.global_step = step
         start = time.perf_counter()
         metrics = trainer.step()
-        train_s += time.perf_counter() - start
+        step_s.append(time.perf_counter() - start)
         trainer.tracker.log(metrics, step=step)
         if step % every == 0 or step == steps:
             path = work / f"lucidrl_step{step}"
             trainer.save_model(path)
-            curve.append((step, train_s, greedy_accuracy(str(path), val)))
-        print(f"lucidrl step {step}: {train_s:.0f} s of training", file=sys.stderr, flush=True)
-    return {"curve": curve, "threads": torch.get_num_threads()}
+            curve.append((step, sum(step_s), greedy_accuracy(str(path), setting, n_val)[0]))
+        print(
+            f"lucidrl step {step}: {step_s[-1]:.1f} s ({sum(step_s):.0f} s of training)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return {"curve": curve, "step_s": step_s, "n_eval": n_eval, "threads": torch.get_num_threads()}
 
 
-def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
+def worker_trl(setting: Setting, steps: int, every: int, n_val: int | None, work: Path, threads: int) -> dict:
     import datasets
     import pyarrow.parquet as pq
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from lucidrl.data.prompt_format import render_chat
-    from lucidrl.rewards.kk import compute_score
 
-    rows = pq.read_table(demo / "data" / "unlabelled.parquet").to_pylist()
-    model_dir = str(demo / "sft" / "final")
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    r = recipe(lucidrl_config(setting, steps, work / "lucidrl", threads))
+    rows = pq.read_table(setting.train).to_pylist()
+    tok = AutoTokenizer.from_pretrained(setting.model)
     # the prompt as lucidrl renders it, a plain string: TRL renders chat messages with
-    # add_generation_prompt only, so the rows' pre-filled "<think>" turn was closed and a new assistant
+    # add_generation_prompt only, so K&K rows' pre-filled "<think>" turn was closed and a new assistant
     # turn opened (7 tokens more, a format the SFT checkpoint never saw); its string path gives the same ids
     dataset = datasets.Dataset.from_list(
         [
-            {"prompt": render_chat(tok, r["prompt"])[0], "ground_truth": r["reward_model"]["ground_truth"]}
-            for r in rows
+            {
+                "prompt": render_chat(tok, row["prompt"])[0],
+                "ground_truth": row["reward_model"]["ground_truth"],
+                "extra_info": json.dumps(row.get("extra_info")),  # a string: K&K's and ours differ in fields
+            }
+            for row in rows
         ]
     )
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    val = str(demo / "data" / "val.parquet")
+    model = AutoModelForCausalLM.from_pretrained(setting.model, dtype=torch.float32)  # lucidrl's model.dtype
 
-    def reward(prompts, completions, ground_truth, **kwargs):
+    def reward(prompts, completions, ground_truth, extra_info, **kwargs):
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
         return [
-            float(compute_score("<think>" + t, gt)["score"])
-            for t, gt in zip(texts, ground_truth, strict=True)
+            score(setting, t, gt, json.loads(info) or {})
+            for t, gt, info in zip(texts, ground_truth, extra_info, strict=True)
         ]
 
-    curve = [(0, 0.0, greedy_accuracy(model_dir, val))]
-    clock = {"train_s": 0.0}
+    acc, n_eval = greedy_accuracy(setting.model, setting, n_val)
+    curve, step_s = [(0, 0.0, acc)], []
 
     class Curve(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.start = time.perf_counter()
+        """Times each step from the end of the one before (generation, scoring, forwards, backwards and
+        the optimizer step), evaluation left out."""
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.last = time.perf_counter()
 
         def on_step_end(self, args, state, control, model=None, **kw):
-            clock["train_s"] += time.perf_counter() - self.start
+            step_s.append(time.perf_counter() - self.last)
             step = state.global_step
-            print(f"trl step {step}: {clock['train_s']:.0f} s of training", file=sys.stderr, flush=True)
+            print(
+                f"trl step {step}: {step_s[-1]:.1f} s ({sum(step_s):.0f} s of training)",
+                file=sys.stderr,
+                flush=True,
+            )
             if step % every == 0 or step == steps:
                 path = work / f"trl_step{step}"
                 model.save_pretrained(path)
                 tok.save_pretrained(path)
-                curve.append((step, clock["train_s"], greedy_accuracy(str(path), val)))
+                curve.append((step, sum(step_s), greedy_accuracy(str(path), setting, n_val)[0]))
+            self.last = time.perf_counter()
 
     config = GRPOConfig(
         output_dir=str(work / "trl"),
         use_cpu=True,
-        bf16=False,  # TRL's configs default to bf16=True even on CPU: emulated bf16 gemm without AVX-512 BF16
+        bf16=r["bf16"],  # accelerate's autocast around the model's forward; float32 weights and AdamW state
         gradient_checkpointing=False,  # TRL's GRPOConfig turns it on by default: recompute costs time
         max_steps=steps,
-        per_device_train_batch_size=64,
-        gradient_accumulation_steps=N_PROMPTS * N_SAMPLES // 64,
-        num_generations=N_SAMPLES,
-        max_completion_length=MAX_NEW,
-        learning_rate=LR,
-        beta=KL_COEF,
+        per_device_train_batch_size=r["micro_batch"],
+        gradient_accumulation_steps=r["prompts"] * r["n"] // r["micro_batch"],  # one generation batch a step
+        num_generations=r["n"],
+        max_completion_length=r["max_new"],
+        learning_rate=r["lr"],
+        max_grad_norm=r["grad_clip"],
+        beta=r["kl"],
         use_bias_correction_kl=False,  # TRL's default multiplies the k3 term by the ratio; lucidrl's is plain k3
-        epsilon=CLIP,
-        loss_type="dapo",  # token-mean over the batch, lucidrl's default aggregation
-        scale_rewards="group",
-        temperature=1.0,
+        epsilon=r["clip"],
+        loss_type="dapo",  # token-mean over the step's batch, lucidrl's token-mean
+        scale_rewards="group",  # GRPO's advantage: (score - group mean) / group std
+        temperature=r["temperature"],
         top_p=1.0,
         top_k=0,
         report_to="none",
@@ -166,10 +339,15 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
         disable_tqdm=True,
         seed=0,
     )
-    # lucidrl's warm-up: step k (from 0) at lr * (k + 1) / WARMUP; transformers' constant_with_warmup
+    # lucidrl's warm-up: step k (from 0) at lr * (k + 1) / warmup; transformers' constant_with_warmup
     # runs the first step at lr 0 (one step behind all run)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / WARMUP))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=r["lr"], betas=tuple(r["betas"]), weight_decay=r["weight_decay"]
+    )
+    warmup = r["warmup"]
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0
+    )
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
@@ -180,14 +358,34 @@ def worker_trl(demo: Path, steps: int, every: int, work: Path) -> dict:
         optimizers=(optimizer, schedule),
     )
     trainer.train()
-    return {"curve": curve, "threads": torch.get_num_threads()}
+    # accelerate's mixed precision replaces the model's forward with an autocast-wrapped one (and keeps
+    # the original): with bf16 asked for, decoding and the loss's forwards went through it
+    autocast = hasattr(trainer.model, "_original_forward")
+    if r["bf16"] and not autocast:
+        sys.exit(
+            "TRL was given bf16=True but the model's forward was not wrapped in autocast: it ran float32"
+        )
+    return {
+        "curve": curve,
+        "step_s": step_s,
+        "n_eval": n_eval,
+        "threads": torch.get_num_threads(),
+        "recipe": r,
+        "bf16_autocast": autocast,
+    }
 
 
-def run_worker(kind: str, demo: Path, steps: int, every: int, work: Path) -> dict:
+def run_worker(kind: str, args: argparse.Namespace, data: Path | None, work: Path) -> dict:
     from lucidrl.launch import tuned_env
 
-    cmd = [sys.executable, __file__, "--worker", kind, "--from-demo", str(demo), "--steps", str(steps)]
-    cmd += ["--eval-every", str(every), "--work", str(work)]
+    cmd = [sys.executable, __file__, "--worker", kind, "--setting", args.setting, "--steps", str(args.steps)]
+    cmd += ["--eval-every", str(args.eval_every), "--threads", str(args.threads), "--work", str(work)]
+    cmd += (
+        ["--from-demo", args.from_demo]
+        if args.setting == "kk"
+        else ["--model", args.model, "--data", str(data)]
+    )
+    cmd += ["--n-val", str(args.n_val)] if args.n_val is not None else []
     env = {**tuned_env(), "TOKENIZERS_PARALLELISM": "false"}  # the same allocator settings for both
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env)  # progress: stderr
     if proc.returncode:
@@ -195,43 +393,121 @@ def run_worker(kind: str, demo: Path, steps: int, every: int, work: Path) -> dic
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def reached(lucid: list, trl: list, every: int) -> tuple[dict | None, str]:
+    """When lucidrl's curve first reached TRL's final accuracy, and the line that says it. The curves
+    are points every `every` steps: the step is the first such point at or above TRL's final."""
+    _, trl_s, target = trl[-1]
+    for step, s, acc in lucid:
+        if acc >= target - 1e-9:
+            ratio = s / max(trl_s, 1e-9)
+            hit = {"target": target, "step": step, "train_s": s, "trl_train_s": trl_s, "ratio": ratio}
+            line = (
+                f"lucidrl reached TRL's final accuracy {target:.3f} at step {step} after {s:.0f} s "
+                f"(TRL: {trl_s:.0f} s), a ratio of {ratio:.2f} (goal: at most 1/3, "
+                f"{'met' if ratio <= 1 / 3 else 'not met'}; curves measured every {every} steps)"
+            )
+            if step == 0:
+                line += "; TRL ended no higher than the starting model"
+            return hit, line
+    best = max(lucid, key=lambda point: point[2])
+    return None, (
+        f"lucidrl never reached TRL's final accuracy {target:.3f} (TRL: {trl_s:.0f} s); its best was "
+        f"{best[2]:.3f} at step {best[0]}: no ratio"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--from-demo", required=True, help="a demo seed folder (holds sft/final and data/)")
-    p.add_argument("--steps", type=int, default=24)
-    p.add_argument("--eval-every", type=int, default=6)
+    p.add_argument("--setting", choices=("kk", "smollm2"), help="default: kk with --from-demo, else smollm2")
+    p.add_argument("--from-demo", help="kk: a scarce-labels seed folder (holds sft/final and data/)")
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"smollm2: the model folder (default {DEFAULT_MODEL})"
+    )
+    p.add_argument("--steps", type=int, help="GRPO steps (default 40 for smollm2, 24 for kk)")
+    p.add_argument(
+        "--eval-every", type=int, help="steps between evaluations (default 10 for smollm2, 6 for kk)"
+    )
+    p.add_argument("--n-val", type=int, help="evaluate on the first N held-out prompts only (default: all)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads in each worker (default 2)")
+    p.add_argument("--json", help="write the curves and the result to this file")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
     args = p.parse_args()
-    demo = Path(args.from_demo)
-    for need in ("sft/final/config.json", "data/unlabelled.parquet", "data/val.parquet"):
-        if not (demo / need).exists():
-            sys.exit(f"--from-demo {demo}: no {need}; run `lucidrl demo --out DIR` first and pass DIR/seed0")
-    global MAX_NEW
-    MAX_NEW = response_tokens(demo)
+    args.setting = args.setting or ("kk" if args.from_demo else "smollm2")
+    if args.setting == "kk" and not args.from_demo:
+        sys.exit("--setting kk starts from a scarce-labels seed folder: give --from-demo DIR/seed0")
+    for key, value in DEFAULTS[args.setting].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in ("steps", "eval_every", "n_val", "threads"):
+        if getattr(args, key) is not None and getattr(args, key) < 1:
+            sys.exit(f"--{key.replace('_', '-')} {getattr(args, key)}: must be >= 1")
+
     if args.worker:
+        torch.set_num_threads(args.threads)
+        if args.setting == "kk":
+            setting = kk_setting(Path(args.from_demo))
+        else:
+            setting = smollm2_setting(Path(args.model), Path(args.data))
         fn = worker_lucidrl if args.worker == "lucidrl" else worker_trl
-        print(json.dumps(fn(demo, args.steps, args.eval_every, Path(args.work))))
+        out = fn(setting, args.steps, args.eval_every, args.n_val, Path(args.work), args.threads)
+        print(json.dumps(out))
         return
 
-    curves = {}
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
+        data = None
+        if args.setting == "smollm2":
+            smollm2_setting(Path(args.model), Path(tmp) / "data")  # checks --model before any work
+            data = Path(tmp) / "data"
+            write_word_problems(data)
+        else:
+            kk_setting(Path(args.from_demo))
         for kind in ("lucidrl", "trl"):
             os.makedirs(Path(tmp) / kind, exist_ok=True)
-            curves[kind] = run_worker(kind, demo, args.steps, args.eval_every, Path(tmp) / kind)["curve"]
-            print(f"  {kind}: done, {curves[kind][-1][1]:.0f} s of training", flush=True)
+            results[kind] = run_worker(kind, args, data, Path(tmp) / kind)
+            print(f"  {kind}: done, {results[kind]['curve'][-1][1]:.0f} s of training", flush=True)
+    lucid, trl, r = results["lucidrl"]["curve"], results["trl"]["curve"], results["trl"]["recipe"]
+    model = args.model if args.setting == "smollm2" else str(Path(args.from_demo) / "sft" / "final")
+    kl = f"k3 KL {r['kl']}" if r["kl"] else "no KL"
     print(
-        f"\nGRPO from {demo / 'sft' / 'final'}: {N_PROMPTS} prompts x {N_SAMPLES} samples per step, <= {MAX_NEW} "
-        f"new tokens, lr {LR}, k3 KL {KL_COEF}; held-out greedy accuracy (same evaluator for both)\n"
+        f"\nGRPO from {model} ({args.setting}): {r['prompts']} prompts x {r['n']} samples per step, T={r['temperature']}, "
+        f"<= {r['max_new']} new tokens, lr {r['lr']} ({r['warmup']} warm-up steps), {kl}, "
+        f"{'bf16 compute over float32 weights' if r['bf16'] else 'float32'}, {args.threads} threads; held-out "
+        f"greedy accuracy on {results['lucidrl']['n_eval']} prompts (the same evaluator for both)\n"
     )
     print(f"{'step':>5s} {'lucidrl acc':>12s} {'lucidrl train s':>16s} {'TRL acc':>8s} {'TRL train s':>12s}")
-    for (step, ls, la), (_, ts, ta) in zip(curves["lucidrl"], curves["trl"], strict=True):
-        print(f"{step:5d} {la:12.2f} {ls:16.0f} {ta:8.2f} {ts:12.0f}")
-    (_, ls, la), (_, ts, ta) = curves["lucidrl"][-1], curves["trl"][-1]
+    for (step, ls, la), (_, ts, ta) in zip(lucid, trl, strict=True):
+        print(f"{step:5d} {la:12.3f} {ls:16.0f} {ta:8.3f} {ts:12.0f}")
+    (steps, ls, la), (_, ts, ta) = lucid[-1], trl[-1]
     print(
-        f"\nfinal: lucidrl {la:.2f} in {ls:.0f} s, TRL {ta:.2f} in {ts:.0f} s "
-        f"(start {curves['lucidrl'][0][2]:.2f}); lucidrl trained {ts / max(ls, 1e-9):.2f}x faster per step"
+        f"\nfinal: lucidrl {la:.3f} in {ls:.0f} s, TRL {ta:.3f} in {ts:.0f} s (start {lucid[0][2]:.3f}); "
+        f"per step {ls / steps:.1f} s against {ts / steps:.1f} s"
     )
+    hit, line = reached(lucid, trl, args.eval_every)
+    print(line)
+    if args.json:
+        names = ("step", "train_s", "acc")
+        summary = {
+            "setting": args.setting,
+            "model": model,
+            "steps": steps,
+            "eval_every": args.eval_every,
+            "n_eval": results["lucidrl"]["n_eval"],
+            "threads": args.threads,
+            "recipe": r,
+            "trl_bf16_autocast": results["trl"]["bf16_autocast"],
+            "curves": {
+                kind: [dict(zip(names, point, strict=True)) for point in res["curve"]]
+                for kind, res in results.items()
+            },
+            "step_s": {kind: res["step_s"] for kind, res in results.items()},
+            "reached": hit,
+        }
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"curves: {args.json}")
 
 
 if __name__ == "__main__":
