@@ -166,6 +166,31 @@ def test_many_seeded_requests_at_once(engine, vllm_tiny_model, tokenizer, kk_dat
     assert len(out) == 128 and out["response_mask"].sum() > 0
 
 
+def test_multi_turn_rollouts_run_over_the_real_engine(engine, vllm_tiny_model, tokenizer):
+    """MultiTurnRollout over the real vLLM engine (the stand-in test in test_multi_turn_rollout.py drives
+    the tool turns; the tiny random model writes no valid call): prompts rendered with the tools, token-id
+    generation through vLLM, its log-probs on exactly the model's tokens, the counts per sample."""
+    from helpers import prompt_batch
+
+    from lucidrl.config.schema import MultiTurnConfig
+    from lucidrl.workers.agent import MultiTurnRollout
+
+    engine.sync_weights(load_model(vllm_tiny_model["path"]))
+    end = tokenizer.eos_token_id
+    cfg = MultiTurnConfig(enable=True, tools=["calculator"], max_turns=2)
+    mt = MultiTurnRollout(
+        engine, tokenizer, cfg, eos_ids=[end], max_prompt_length=900, max_response_length=48
+    )
+    question = [{"role": "user", "content": "What is 12 * 34?"}]
+    out = mt.generate(prompt_batch([question, question]), SamplingParams(n=2, max_new_tokens=48))
+    mask = out["response_mask"].bool()
+    assert out["responses"].shape[0] == 4 and bool(mask.any(dim=1).all())
+    lp = out["rollout_log_probs"]
+    assert torch.equal(lp != 0, mask) and bool((lp[mask] <= 0).all())
+    assert all(1 <= t <= 2 for t in out["multi_turn:turns"].tolist())
+    assert len(out["solution_text"]) == 4
+
+
 def test_a_head_size_the_cpu_kernels_lack_is_refused_at_start(tiny_model, tiny_tokenizer):
     """vLLM itself fails at the first forward: "Unsupported CPU attention configuration: head_dim=16"."""
     with pytest.raises(ModelLoadError, match=r"heads of 16 dimensions; .* takes head sizes \[32, 64"):
