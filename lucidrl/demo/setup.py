@@ -49,7 +49,11 @@ def ensure_data(out: Path, plan: DemoPlan, console: Console) -> dict[str, str]:
     wanted = {"task": plan.task, "n_train": plan.n_train, "n_val": plan.n_val, "seed": 0}
     files = {"train": str(out / "train.parquet"), "val": str(out / "val.parquet")}
     stamp = out / _DATA_STAMP
-    if stamp.is_file() and json.loads(stamp.read_text()) == wanted and all(map(_exists, files.values())):
+    if (
+        stamp.is_file()
+        and json.loads(stamp.read_text()) == wanted
+        and all(Path(f).is_file() for f in files.values())
+    ):
         console.print(f"data: {escape(str(out))} (made by an earlier run)")
         return files
     if plan.task != "word_problems":
@@ -68,7 +72,3 @@ def ensure_data(out: Path, plan: DemoPlan, console: Console) -> dict[str, str]:
         f"(no held-out problem's numbers in training) → {escape(str(out))}"
     )
     return files
-
-
-def _exists(path: str) -> bool:
-    return Path(path).is_file()
