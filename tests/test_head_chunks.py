@@ -42,19 +42,25 @@ def test_chunked_log_probs_and_entropy_equal_the_whole_batch_path(
             assert (lp_c[~mask] == 0).all() and (ent_c[~mask] == 0).all()
 
 
-def test_the_head_never_sees_more_than_a_chunk_of_tokens(kk_data, tiny_model, tiny_tokenizer):
+def test_the_head_never_sees_more_than_a_chunk_of_tokens(kk_data, tiny_model, tiny_tokenizer, monkeypatch):
+    from lucidrl.algos import head_logprob
+
     model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
     check_chunkable_head(model)  # its one probe forward of six tokens (whole), done once per model
-    seen = []
-    handle = model.get_output_embeddings().register_forward_hook(
-        lambda m, args, o: seen.append(args[0].shape)
-    )
+    seen, chunk_logits = [], head_logprob._ChunkLogits.__call__
+
+    def spy(self, h):
+        seen.append(h.shape)
+        return chunk_logits(self, h)
+
+    monkeypatch.setattr(head_logprob._ChunkLogits, "__call__", spy)
+    handle = model.get_output_embeddings().register_forward_hook(lambda m, args, o: seen.append("module"))
     try:
         with torch.no_grad():
             per_token_log_probs(model.eval(), out, 16, 1.0, True, True, True, head_chunk_tokens=7)
     finally:
         handle.remove()
-    assert all(len(shape) == 2 and shape[0] <= 7 for shape in seen), seen
+    assert seen and all(shape != "module" and len(shape) == 2 and shape[0] <= 7 for shape in seen), seen
     assert sum(shape[0] for shape in seen) == int(out["response_mask"].sum())  # response tokens only, once
 
 

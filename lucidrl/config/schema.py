@@ -292,7 +292,8 @@ class ActorConfig:
     log_prob_max_token_len_per_gpu: PosInt = 32768  # tokens per log-prob micro-batch, actor and reference
     # > 0: the LM head, log-prob and entropy run on at most this many response tokens at a time, in
     # every actor and reference forward, and the (samples, response length, vocabulary) logits are
-    # never formed (chunks checkpointed for the backward). 0: the whole micro-batch at once. One rank only
+    # never formed (each chunk's recomputed in the backward; lucidrl.algos.head_logprob). 0: the whole
+    # micro-batch at once. One rank only
     head_chunk_tokens: Annotated[int, Range(">= 0", "0: the LM head on the whole micro-batch at once")] = 0
     # log-prob and entropy by torch.compile'd fused kernels (verl's key; lucidrl.algos.fused_logprob):
     # much faster on a 150k vocabulary, nothing gained on tiny ones (benchmarks/head_chunks.py), seconds of

@@ -55,6 +55,8 @@ def grpo_config(model: str, files: dict[str, str], run_dir: Path, plan: DemoPlan
             "optim": {"lr": plan.lr, "warmup_steps": plan.warmup_steps},
             "ppo_mini_batch_size": plan.prompts,  # one update per step: on-policy
             "ppo_micro_batch_size": min(32, plan.prompts * plan.n),
+            # the LM head in chunks as one fused function: no (samples, tokens, 49k vocabulary) logits
+            "head_chunk_tokens": 1024,
             "use_kl_loss": kl,
             "kl_loss_coef": plan.kl_coef if kl else 0.001,
             "kl_loss_type": "low_var_kl",

@@ -7,6 +7,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from lucidrl.algos.fused_logprob import log_probs_and_entropy
+from lucidrl.algos.head_logprob import head_log_probs
 from lucidrl.algos.logprob import sum_pi_squared_from_logits
 from lucidrl.batch import Batch, response_attention
 from lucidrl.diagnostics.errors import UserError
@@ -302,13 +303,23 @@ def chunked_head_log_probs(
     """Log-probs (and entropies) of `labels` (bs, R) under head(hidden) / temperature, `chunk_tokens`
     masked positions at a time, in float32.
 
-    Each chunk's logits exist only while its chunk is computed: with gradients, a chunk is
-    checkpointed (its logits recomputed in the backward pass), so neither pass ever holds more than
-    one chunk's (chunk_tokens, V) logits and their softmax. Same numbers as the whole-batch path up to
-    float rounding; positions outside `mask` get 0.
+    Each chunk's logits exist only while its chunk is computed, and are recomputed in the backward
+    pass, so neither pass ever holds more than one chunk's (chunk_tokens, V) logits. A plain
+    `nn.Linear` head runs as one autograd function (lucidrl.algos.head_logprob), which forms the logits'
+    gradient in place; other heads (a LoRA-wrapped one), the compiled kernels and an entropy with a
+    gradient run each chunk under activation checkpointing. Same numbers as the whole-batch path up
+    to float rounding; positions outside `mask` get 0.
     """
     sel = mask.bool()
     h, y = hidden[sel], labels[sel]
+    entropy_in_graph = with_entropy and entropy_grad and torch.is_grad_enabled()
+    if type(head) is torch.nn.Linear and not compiled and not entropy_in_graph:
+        # one autograd function over the chunks: the logits' gradient formed in place, never stored
+        lp, ent = head_log_probs(
+            h, head, y, temperature=temperature, chunk_tokens=chunk_tokens, with_entropy=with_entropy
+        )
+        zeros = hidden.new_zeros(labels.shape, dtype=lp.dtype)
+        return zeros.masked_scatter(sel, lp), (zeros.masked_scatter(sel, ent) if ent is not None else None)
     grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
 
     def chunk(hc: torch.Tensor, yc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

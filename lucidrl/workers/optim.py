@@ -17,14 +17,37 @@ class NonFiniteLossError(UserError, FloatingPointError):
 def build_optimizer(
     model: torch.nn.Module, cfg: OptimConfig
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the trainable parameters, with a linear warm-up over `cfg.warmup_steps` then constant."""
+    """AdamW over the trainable parameters, with a linear warm-up over `cfg.warmup_steps` then constant.
+
+    On the CPU, PyTorch's fused AdamW kernel (one pass over each parameter instead of the multi-tensor
+    path's several: `benchmarks/update_kernels.py` compares them); the same update up
+    to float rounding.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        weight_decay=cfg.weight_decay,
+        fused=_fusable(params) or None,
+    )
     warmup = cfg.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
     )
     return optimizer, scheduler
+
+
+def _fusable(params: list[torch.nn.Parameter]) -> bool:
+    """Whether the fused AdamW kernel takes these: plain CPU tensors (not FSDP2's DTensors) of a float
+    dtype it implements."""
+    from torch.distributed.tensor import DTensor
+
+    return bool(params) and all(
+        p.device.type == "cpu" and not isinstance(p.data, DTensor)
+        and p.dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+        for p in params
+    )  # fmt: skip
 
 
 def clip_grad(model: torch.nn.Module, max_norm: float) -> float:
