@@ -37,7 +37,7 @@ final accuracy, and the ratio of its training time then to TRL's whole (the goal
 
     .venv/bin/lucidrl demo                                 # writes outputs/demo/model (SmolLM2-135M-Instruct)
     .venv/bin/python benchmarks/learning_vs_trl.py [--model outputs/demo/model] [--steps 10] [--eval-every 5] \\
-        [--json outputs/learning_vs_trl_smollm2.json]
+        [--seed 0] [--json outputs/learning_vs_trl_smollm2.json]
 
     .venv/bin/lucidrl experiment scarce-labels     # the SFT'd model and the puzzles, in outputs/scarce_labels
     .venv/bin/python benchmarks/learning_vs_trl.py --setting kk --from-demo outputs/scarce_labels/seed0 \\
@@ -136,21 +136,21 @@ def write_word_problems(data: Path) -> None:
     write_word_problems_parquet(data, n_train=N_TRAIN, n_val=N_VAL, seed=0, fmt="answer_is", shots=0)
 
 
-def lucidrl_config(setting: Setting, steps: int, run_dir: Path, threads: int) -> dict:
+def lucidrl_config(setting: Setting, steps: int, run_dir: Path, threads: int, seed: int = 0) -> dict:
     """lucidrl's config for the setting: the demo's (smollm2) or the scarce-label experiment's (kk)."""
     if setting.name == "smollm2":
         from lucidrl.demo.plan import DemoPlan
         from lucidrl.demo.run import grpo_config
 
         files = {"train": setting.train, "val": setting.val}
-        cfg = grpo_config(setting.model, files, run_dir, DemoPlan(steps=steps), seed=0)
+        cfg = grpo_config(setting.model, files, run_dir, DemoPlan(steps=steps), seed=seed)
     else:
         from lucidrl.experiments.scarce_labels import ScarceLabelsPlan
         from lucidrl.experiments.scarce_labels import grpo_config as kk_grpo_config
 
         plan = ScarceLabelsPlan(rl_prompts=16, rl_n=8, rl_lr=1e-4, rl_warmup=3, kl_coef=0.02)
         plan.max_new_tokens = setting.max_new
-        cfg = kk_grpo_config(setting.model, {"unlabelled": setting.train}, run_dir, plan, seed=0)
+        cfg = kk_grpo_config(setting.model, {"unlabelled": setting.train}, run_dir, plan, seed=seed)
     cfg["trainer"].update(
         {"max_time_s": None, "total_training_steps": steps, "logger": ["jsonl"], "num_threads": threads}
     )
@@ -227,12 +227,12 @@ def score(setting: Setting, completion: str, ground_truth: str, extra_info: dict
 
 
 def worker_lucidrl(
-    setting: Setting, steps: int, every: int, n_val: int | None, work: Path, threads: int
+    setting: Setting, steps: int, every: int, n_val: int | None, work: Path, threads: int, seed: int
 ) -> dict:
     from lucidrl.config import config_from_dict
     from lucidrl.trainer.ppo import PPOTrainer
 
-    cfg = lucidrl_config(setting, steps, work / "lucidrl", threads)
+    cfg = lucidrl_config(setting, steps, work / "lucidrl", threads, seed)
     trainer = PPOTrainer(config_from_dict(cfg, source="learning_vs_trl"))
     acc, n_eval = greedy_accuracy(setting.model, setting, n_val)
     curve, step_s = [(0, 0.0, acc)], []
@@ -254,7 +254,9 @@ def worker_lucidrl(
     return {"curve": curve, "step_s": step_s, "n_eval": n_eval, "threads": torch.get_num_threads()}
 
 
-def worker_trl(setting: Setting, steps: int, every: int, n_val: int | None, work: Path, threads: int) -> dict:
+def worker_trl(
+    setting: Setting, steps: int, every: int, n_val: int | None, work: Path, threads: int, seed: int
+) -> dict:
     import datasets
     import pyarrow.parquet as pq
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -337,7 +339,7 @@ def worker_trl(setting: Setting, steps: int, every: int, n_val: int | None, work
         logging_steps=1,
         dataloader_num_workers=0,
         disable_tqdm=True,
-        seed=0,
+        seed=seed,
     )
     # lucidrl's warm-up: step k (from 0) at lr * (k + 1) / warmup; transformers' constant_with_warmup
     # runs the first step at lr 0 (one step behind all run)
@@ -380,6 +382,7 @@ def run_worker(kind: str, args: argparse.Namespace, data: Path | None, work: Pat
 
     cmd = [sys.executable, __file__, "--worker", kind, "--setting", args.setting, "--steps", str(args.steps)]
     cmd += ["--eval-every", str(args.eval_every), "--threads", str(args.threads), "--work", str(work)]
+    cmd += ["--seed", str(args.seed)]
     cmd += (
         ["--from-demo", args.from_demo]
         if args.setting == "kk"
@@ -429,6 +432,7 @@ def main() -> None:
     )
     p.add_argument("--n-val", type=int, help="evaluate on the first N held-out prompts only (default: all)")
     p.add_argument("--threads", type=int, default=2, help="torch threads in each worker (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="both frameworks' training seed (default 0)")
     p.add_argument("--json", help="write the curves and the result to this file")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
@@ -451,7 +455,7 @@ def main() -> None:
         else:
             setting = smollm2_setting(Path(args.model), Path(args.data))
         fn = worker_lucidrl if args.worker == "lucidrl" else worker_trl
-        out = fn(setting, args.steps, args.eval_every, args.n_val, Path(args.work), args.threads)
+        out = fn(setting, args.steps, args.eval_every, args.n_val, Path(args.work), args.threads, args.seed)
         print(json.dumps(out))
         return
 
@@ -474,7 +478,7 @@ def main() -> None:
     print(
         f"\nGRPO from {model} ({args.setting}): {r['prompts']} prompts x {r['n']} samples per step, T={r['temperature']}, "
         f"<= {r['max_new']} new tokens, lr {r['lr']} ({r['warmup']} warm-up steps), {kl}, "
-        f"{'bf16 compute over float32 weights' if r['bf16'] else 'float32'}, {args.threads} threads; held-out "
+        f"{'bf16 compute over float32 weights' if r['bf16'] else 'float32'}, {args.threads} threads, seed {args.seed}; held-out "
         f"greedy accuracy on {results['lucidrl']['n_eval']} prompts (the same evaluator for both)\n"
     )
     print(f"{'step':>5s} {'lucidrl acc':>12s} {'lucidrl train s':>16s} {'TRL acc':>8s} {'TRL train s':>12s}")
@@ -496,6 +500,7 @@ def main() -> None:
             "eval_every": args.eval_every,
             "n_eval": results["lucidrl"]["n_eval"],
             "threads": args.threads,
+            "seed": args.seed,
             "recipe": r,
             "trl_bf16_autocast": results["trl"]["bf16_autocast"],
             "curves": {
