@@ -123,8 +123,9 @@ def head_log_probs(
     chunk_tokens: int,
     with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(N,) float32 log-probs of `labels` (N,) under head(hidden (N, H)) / temperature, and the (N,)
-    entropies if asked (no gradient), `chunk_tokens` rows of logits at a time.
+    """(N,) log-probs of `labels` (N,) under head(hidden (N, H)) / temperature, and the (N,) entropies
+    if asked (no gradient), `chunk_tokens` rows of logits at a time; float32 (float64 for a float64
+    head).
 
     The products run in the autocast dtype where autocast is on (as `head(hidden)` would), else in the
     weight's dtype.
