@@ -262,7 +262,9 @@ def worker_trl(
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from lucidrl.config.schema import OptimConfig
     from lucidrl.data.prompt_format import render_chat
+    from lucidrl.workers.optim import build_optimizer
 
     r = recipe(lucidrl_config(setting, steps, work / "lucidrl", threads))
     rows = pq.read_table(setting.train).to_pylist()
@@ -341,14 +343,13 @@ def worker_trl(
         disable_tqdm=True,
         seed=seed,
     )
-    # lucidrl's warm-up: step k (from 0) at lr * (k + 1) / warmup; transformers' constant_with_warmup
-    # runs the first step at lr 0 (one step behind all run)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=r["lr"], betas=tuple(r["betas"]), weight_decay=r["weight_decay"]
-    )
-    warmup = r["warmup"]
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0
+    # lucidrl's own AdamW and warm-up (the fused kernel on the CPU; step k from 0 at lr * (k + 1) / warmup),
+    # where transformers' constant_with_warmup runs the first step at lr 0 (one step behind all run)
+    optimizer, schedule = build_optimizer(
+        model,
+        OptimConfig(
+            lr=r["lr"], betas=list(r["betas"]), weight_decay=r["weight_decay"], warmup_steps=r["warmup"]
+        ),
     )
     trainer = GRPOTrainer(
         model=model,

@@ -73,7 +73,8 @@ class _HeadLogProbs(torch.autograd.Function):
             lp[s : s + chunk_tokens] = picked - lse[s : s + chunk_tokens]
         ctx.save_for_backward(hidden, weight, bias, labels, lse)
         ctx.temperature, ctx.chunk_tokens, ctx.compute_dtype = temperature, chunk_tokens, compute_dtype
-        ctx.mark_non_differentiable(*(o for o in (lse, ent) if o is not None))
+        if ent is not None:
+            ctx.mark_non_differentiable(ent)
         return lp, ent
 
     @staticmethod

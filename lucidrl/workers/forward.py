@@ -318,8 +318,28 @@ def chunked_head_log_probs(
         lp, ent = head_log_probs(
             h, head, y, temperature=temperature, chunk_tokens=chunk_tokens, with_entropy=with_entropy
         )
-        zeros = hidden.new_zeros(labels.shape, dtype=lp.dtype)
-        return zeros.masked_scatter(sel, lp), (zeros.masked_scatter(sel, ent) if ent is not None else None)
+    else:
+        lp, ent = _checkpointed_chunks(
+            head, h, y, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
+            chunk_tokens=chunk_tokens, compiled=compiled,
+        )  # fmt: skip
+    zeros = hidden.new_zeros(labels.shape, dtype=lp.dtype)
+    return zeros.masked_scatter(sel, lp), (zeros.masked_scatter(sel, ent) if ent is not None else None)
+
+
+def _checkpointed_chunks(
+    head: torch.nn.Module,
+    h: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+    chunk_tokens: int,
+    compiled: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N,) float32 log-probs (and entropies) of `y` under head(h) / temperature, each chunk of
+    `chunk_tokens` rows under activation checkpointing when gradients are needed."""
     grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
 
     def chunk(hc: torch.Tensor, yc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -338,10 +358,7 @@ def chunked_head_log_probs(
         lp, ent = checkpoint(chunk, hc, yc, use_reentrant=False) if grad else chunk(hc, yc)
         lps.append(lp)
         ents.append(ent)
-    log_probs = hidden.new_zeros(labels.shape, dtype=torch.float32)
-    log_probs = log_probs.masked_scatter(sel, torch.cat(lps)) if lps else log_probs
-    entropy = None
-    if with_entropy:
-        entropy = hidden.new_zeros(labels.shape, dtype=torch.float32)
-        entropy = entropy.masked_scatter(sel, torch.cat(ents)) if ents else entropy
-    return log_probs, entropy
+    if not lps:  # no response token in the micro-batch
+        empty = h.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    return torch.cat(lps), (torch.cat(ents) if with_entropy else None)

@@ -20,8 +20,7 @@ def build_optimizer(
     """AdamW over the trainable parameters, with a linear warm-up over `cfg.warmup_steps` then constant.
 
     On the CPU, PyTorch's fused AdamW kernel (one pass over each parameter instead of the multi-tensor
-    path's several: `benchmarks/update_kernels.py` compares them); the same update up
-    to float rounding.
+    path's several: `benchmarks/adamw_fused.py` compares them); the same update up to float rounding.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
