@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from lucidrl.cli import main
 from lucidrl.data.kk import from_json, puzzle_key
-from lucidrl.experiments.scarce_labels import ScarceLabelsPlan, run_experiment
+from lucidrl.experiments.scarce_labels import ScarceLabelsPlan, grpo_config, run_experiment, sft_config
 
 
 def pool_once_infos(seed_dir):
@@ -301,5 +302,22 @@ def test_learning_curve_points_their_times_and_a_restored_end(tmp_path, kk_data,
 def test_a_pretrained_start_gets_rates_and_micro_batches_of_its_own():
     scratch, pretrained = ScarceLabelsPlan(), ScarceLabelsPlan(model="models/smollm2")
     assert (scratch.sft_lr, scratch.rl_lr, scratch.rl_micro_batch) == (1e-3, 1e-4, 64)
-    assert (pretrained.sft_lr, pretrained.rl_lr, pretrained.rl_micro_batch) == (2e-5, 2e-5, 8)
+    assert (pretrained.sft_lr, pretrained.rl_lr, pretrained.rl_micro_batch) == (2e-5, 2e-5, 32)
     assert ScarceLabelsPlan(model="m", rl_lr=1e-4).rl_lr == 1e-4  # a value given is kept
+    # the pretrained model's logits go through the chunked head; the scratch model's as they were
+    files = {"unlabelled": "u.parquet"}
+    assert grpo_config("m", files, Path("r"), pretrained, 0)["actor"]["head_chunk_tokens"] == 1024
+    assert grpo_config("m", files, Path("r"), scratch, 0)["actor"]["head_chunk_tokens"] == 0
+
+
+def test_bf16_compute_only_for_a_pretrained_start_on_a_cpu_with_native_bf16(monkeypatch):
+    import lucidrl.models.precision as precision
+
+    for native, expected in ((True, "bfloat16"), (False, None), (None, None)):
+        monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda native=native: native)
+        assert ScarceLabelsPlan(model="m").compute_dtype == expected
+        assert ScarceLabelsPlan().compute_dtype is None  # the scratch model keeps float32
+    plan = ScarceLabelsPlan(model="m", compute_dtype="bfloat16")
+    files = {"labelled": "l.parquet", "unlabelled": "u.parquet"}
+    assert sft_config("m", files, Path("r"), plan, 0, 10.0)["model"]["compute_dtype"] == "bfloat16"
+    assert grpo_config("m", files, Path("r"), plan, 0)["model"]["compute_dtype"] == "bfloat16"

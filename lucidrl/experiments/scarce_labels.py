@@ -88,11 +88,15 @@ class ScarceLabelsPlan:
     rl_n: int = 8
     rl_lr: float | None = None
     # rows per forward in GRPO's update and log-prob passes (the gradient does not depend on it); None:
-    # 64 for the tiny model, 8 from a --model, whose logits over a large vocabulary (SmolLM2: 49,152)
-    # took 16 GB at 64
+    # 64 for the tiny model, 32 from a --model, whose LM head then runs on chunks of 1,024 tokens
+    # (actor.head_chunk_tokens): SmolLM2's whole logits over 49,152 words took 16 GB at 64
     rl_micro_batch: int | None = None
     rl_warmup: int = 3
     kl_coef: float = 0.02
+    # model.compute_dtype of every phase. "auto": bf16 compute over float32 weights for a pretrained
+    # --model on a CPU with native bf16 (AVX-512 BF16, AMX), else float32; the scratch model stays in
+    # float32, as its measured tables were
+    compute_dtype: str | None = "auto"
     max_new_tokens: int | None = None  # room for the longest trace of `people` (PEOPLE_DEFAULTS)
     eval_k: int = 4
     # held-out greedy accuracy every this many steps of each run (checkpoints evaluated once the seed's runs
@@ -111,9 +115,17 @@ class ScarceLabelsPlan:
             if getattr(self, key) is None:
                 setattr(self, key, value)
         pretrained = self.model is not None
-        for key, scratch, tuned in (("sft_lr", 1e-3, 2e-5), ("rl_lr", 1e-4, 2e-5), ("rl_micro_batch", 64, 8)):
+        for key, scratch, tuned in (
+            ("sft_lr", 1e-3, 2e-5),
+            ("rl_lr", 1e-4, 2e-5),
+            ("rl_micro_batch", 64, 32),
+        ):
             if getattr(self, key) is None:
                 setattr(self, key, tuned if pretrained else scratch)
+        if self.compute_dtype == "auto":
+            from lucidrl.models.precision import cpu_has_native_bf16
+
+            self.compute_dtype = "bfloat16" if pretrained and cpu_has_native_bf16() else None
 
 
 # the RL pool's accuracy (the table's last column) is measured on the first this many distinct puzzles GRPO
@@ -229,7 +241,7 @@ def sft_config(
         # into its own run directory, out/sft_only: a resume may not empty it (run_seed clears it)
         checkpoints.update(resume_mode="resume_path", resume_from_path=str(resume_from), overwrite=False)
     return {
-        "model": {"path": model},
+        "model": {"path": model, "compute_dtype": plan.compute_dtype},
         "data": {"train_files": [files["labelled"]], "batch_size": plan.sft_batch, "seed": seed},
         "micro_batch_size": min(plan.sft_micro_batch, plan.sft_batch),
         "optim": {"lr": plan.sft_lr, "warmup_steps": 10},
@@ -248,7 +260,7 @@ def sft_config(
 def grpo_config(model: str, files: dict, run_dir: Path, plan: ScarceLabelsPlan, seed: int) -> dict:
     """GRPO with the stabilisers on: KL loss (k3), PPO clip, lr warm-up, collapse detection."""
     return {
-        "model": {"path": model},
+        "model": {"path": model, "compute_dtype": plan.compute_dtype},
         "data": {
             "train_files": [files["unlabelled"]],
             "val_files": [],
@@ -266,6 +278,7 @@ def grpo_config(model: str, files: dict, run_dir: Path, plan: ScarceLabelsPlan, 
             "use_kl_loss": True,
             "kl_loss_coef": plan.kl_coef,
             "kl_loss_type": "low_var_kl",
+            "head_chunk_tokens": 1024 if plan.model else 0,
         },
         "algorithm": {"adv_estimator": "grpo"},
         "trainer": {
