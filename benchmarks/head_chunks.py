@@ -85,7 +85,10 @@ def prepare(work: Path, model: str | None) -> int:
     return vocab
 
 
-def worker(work: Path, name: str, repeats: int, model: str | None, bf16: bool) -> dict:
+def worker(
+    work: Path, name: str, repeats: int, model: str | None, bf16: bool, attn: str | None = None
+) -> dict:
+    """One variant's passes, in this process; `attn`: model.attn_implementation (benchmarks/attention_cpu.py)."""
     from lucidrl.batch import Batch
     from lucidrl.config.schema import ActorConfig, OptimConfig
     from lucidrl.models import load_model
@@ -103,12 +106,12 @@ def worker(work: Path, name: str, repeats: int, model: str | None, bf16: bool) -
     )  # fmt: skip
     path = model or str(work / "model")
     kw = {"temperature": 1.0, "samples_per_prompt": n, "compute_dtype": torch.bfloat16 if bf16 else None}
-    actor = ActorWorker(load_model(path), cfg, **kw)
+    actor = ActorWorker(load_model(path, attn_implementation=attn), cfg, **kw)
     if compiled:  # compile outside the measurement: a small batch of the same shapes' ranks
         warm = batch.select(list(range(N)))
         warm.set("old_log_probs", actor.compute_log_prob(warm)["old_log_probs"])
         actor.update(warm)
-        actor = ActorWorker(load_model(path), cfg, **kw)
+        actor = ActorWorker(load_model(path, attn_implementation=attn), cfg, **kw)
     before = rss_mb()
     log_prob_s, update_s, first = [], [], None
     for _ in range(repeats):

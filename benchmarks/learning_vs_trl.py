@@ -28,6 +28,8 @@ forward in the same `torch.autocast("cpu", bfloat16)` (weights, gradients and Ad
 as `generate` calls that forward, TRL's decoding computes in bf16 as well (the worker checks the wrapper
 is there). Both are fast only on a CPU with native bf16 (AVX-512 BF16 or AMX, as this one has); on an
 AVX2 CPU bf16 matmuls are emulated and several times slower. For `kk` both run in float32 (`bf16=False`).
+Attention: TRL's model is loaded with lucidrl's `model.attn_implementation` (the demo's is eager under
+bf16 compute on an AMX CPU, else transformers' default).
 
 Every `--eval-every` steps each framework's weights are saved and scored by the same evaluator
 (`lucidrl.trainer.evaluation.evaluate`: greedy, on the held-out set), so the two curves differ only in
@@ -197,6 +199,7 @@ def recipe(cfg: dict) -> dict:
         "kl": a.kl_loss_coef if a.use_kl_loss else 0.0,
         "micro_batch": a.ppo_micro_batch_size,
         "bf16": autocast_dtype(c.model.dtype, c.model.compute_dtype) == torch.bfloat16,
+        "attn_implementation": c.model.attn_implementation,
     }
 
 
@@ -282,7 +285,10 @@ def worker_trl(
             for row in rows
         ]
     )
-    model = AutoModelForCausalLM.from_pretrained(setting.model, dtype=torch.float32)  # lucidrl's model.dtype
+    attn = {"attn_implementation": r["attn_implementation"]} if r["attn_implementation"] else {}
+    model = AutoModelForCausalLM.from_pretrained(
+        setting.model, dtype=torch.float32, **attn
+    )  # lucidrl's model.dtype
 
     def reward(prompts, completions, ground_truth, extra_info, **kwargs):
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
@@ -427,9 +433,12 @@ def main() -> None:
     p.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"smollm2: the model folder (default {DEFAULT_MODEL})"
     )
-    p.add_argument("--steps", type=int, help="GRPO steps (default 40 for smollm2, 24 for kk)")
+    defaults = {
+        key: " and ".join(f"{v[key]} for {k}" for k, v in DEFAULTS.items()) for key in ("steps", "eval_every")
+    }
+    p.add_argument("--steps", type=int, help=f"GRPO steps (default {defaults['steps']})")
     p.add_argument(
-        "--eval-every", type=int, help="steps between evaluations (default 10 for smollm2, 6 for kk)"
+        "--eval-every", type=int, help=f"steps between evaluations (default {defaults['eval_every']})"
     )
     p.add_argument("--n-val", type=int, help="evaluate on the first N held-out prompts only (default: all)")
     p.add_argument("--threads", type=int, default=2, help="torch threads in each worker (default 2)")

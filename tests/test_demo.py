@@ -83,3 +83,22 @@ def test_bf16_compute_only_where_the_cpu_has_it(monkeypatch):
     assert DemoPlan(compute_dtype="bfloat16").resolved_compute_dtype() == "bfloat16"  # asked for
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     assert DemoPlan().resolved_compute_dtype() == "bfloat16"
+
+
+def test_eager_attention_only_under_bf16_compute_on_an_amx_cpu(monkeypatch, tmp_path):
+    import lucidrl.models.precision as precision
+    from lucidrl.demo.run import grpo_config
+
+    for native, amx, expected in (
+        (True, True, "eager"),
+        (True, False, None),
+        (False, True, None),
+        (True, None, None),
+    ):
+        monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda native=native: native)
+        monkeypatch.setattr(precision, "cpu_has_amx", lambda amx=amx: amx)
+        assert DemoPlan().resolved_attn_implementation() == expected, (native, amx)
+        assert DemoPlan(device="cuda").resolved_attn_implementation() is None
+        assert DemoPlan(attn_implementation="sdpa").resolved_attn_implementation() == "sdpa"  # asked for
+        cfg = grpo_config("m", {"train": "t", "val": "v"}, tmp_path, DemoPlan(), seed=0)
+        assert cfg["model"]["attn_implementation"] == expected

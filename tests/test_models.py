@@ -329,3 +329,53 @@ def test_trust_remote_code_reaches_the_tokenizer(tiny_dir: Path, monkeypatch) ->
     load_tokenizer(str(tiny_dir), trust_remote_code=True)
     load_tokenizer(str(tiny_dir))
     assert seen == [True, False]
+
+
+def test_model_attn_implementation_reaches_the_actor_and_reference_and_keeps_their_numbers(
+    tiny_model,
+) -> None:
+    """model.attn_implementation (verl's override_config.attn_implementation) picks the attention code of
+    the actor and reference; the log-probs are the same numbers either way."""
+    from lucidrl.batch import Batch
+    from lucidrl.config import ConfigError, load_config
+    from lucidrl.workers.policy import PolicyWorker
+
+    base = [f"model.path={tiny_model['path']}", "data.train_files=[x.parquet]", "actor.use_kl_loss=true"]
+    torch.manual_seed(0)
+    ids = torch.randint(3, 100, (4, 14))
+    batch = Batch(
+        tensors={
+            "prompts": ids[:, :6],
+            "prompt_mask": torch.tensor([[0, 0, 1, 1, 1, 1]] * 2 + [[1] * 6] * 2),
+            "responses": ids[:, 6:],
+            "response_mask": torch.ones(4, 8, dtype=torch.long),
+        },
+        non_tensors={"uid": ["a", "a", "b", "b"]},
+    )
+    log_probs, kinds = {}, {}
+    for impl in (None, "eager"):
+        extra = [] if impl is None else [f"model.attn_implementation={impl}"]
+        worker = PolicyWorker(
+            load_config(None, [*base, *extra]), frozenset({"actor", "rollout", "reference"})
+        )
+        kinds[impl] = (
+            worker.actor.model.config._attn_implementation,
+            worker.reference.model.config._attn_implementation,
+        )
+        log_probs[impl] = worker.actor.compute_log_prob(batch)["old_log_probs"]
+    assert kinds == {None: ("sdpa", "sdpa"), "eager": ("eager", "eager")}
+    torch.testing.assert_close(log_probs["eager"], log_probs[None], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match=r"model\.attn_implementation.*eager"):
+        load_config(None, [*base, "model.attn_implementation=flash"])
+
+
+def test_an_attention_kind_the_machine_cannot_run_names_the_key(tiny_dir: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash-attn is installed here")
+    with pytest.raises(
+        ModelLoadError, match=r"model\.attn_implementation='flash_attention_2'.*eager or sdpa"
+    ):
+        load_model(str(tiny_dir), attn_implementation="flash_attention_2")
+    assert load_model(str(tiny_dir), attn_implementation="eager").config._attn_implementation == "eager"

@@ -162,6 +162,12 @@ def test_what_the_translation_sets(tmp_path):
             "translated",
             "algorithm.rollout_correction.rollout_is=token",
         ),
+        (
+            "+actor_rollout_ref.model.override_config.attn_implementation=eager",
+            "translated",
+            "model.attn_implementation=eager",
+        ),
+        ("+actor_rollout_ref.model.override_config.rope_theta=1e6", "refused", "model config overrides"),
         ("data.gen_batch_size=64", "refused", "not built yet"),
         ("actor_rollout_ref.rollout.name=sglang", "refused", "GPU-only"),
         ("actor_rollout_ref.actor.strategy=megatron", "refused", "GPU-only"),

@@ -149,6 +149,7 @@ ROWS: list[Row] = [
     Refuse("actor_rollout_ref.model.exclude_modules", "LoRA module exclusion", default=None),
     Refuse("actor_rollout_ref.model.lora_adapter_path", "starting from a saved LoRA adapter", default=None),
     Refuse("actor_rollout_ref.model.override_config", "model config overrides", default={}),
+    Map("actor_rollout_ref.model.override_config.attn_implementation", "model.attn_implementation"),
     Refuse(
         "actor_rollout_ref.model.override_config.**",
         "model config overrides (change the model folder's config.json)",

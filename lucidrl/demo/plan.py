@@ -26,6 +26,10 @@ class DemoPlan:
     # bf16 compute over float32 master weights where the CPU has native bf16 (AVX-512 BF16, AMX), else
     # float32 (emulated bf16 is several times slower): "auto"; or "bfloat16", or None for float32
     compute_dtype: str | None = "auto"
+    # model.attn_implementation: "auto" is eager under bf16 compute on an AMX CPU, where its backward
+    # beats the flash-attention kernel's at the demo's lengths (benchmarks/attention_cpu.py), else
+    # transformers' choice (sdpa); or a value of model.attn_implementation, or None
+    attn_implementation: str | None = "auto"
     eval_every: int = 5
     temperature: float = 1.0
     device: str = "cpu"  # trainer.device (the demo runs on the CPU; benchmarks/demo_sweep.py may use cuda)
@@ -39,6 +43,16 @@ class DemoPlan:
         from lucidrl.models.precision import cpu_has_native_bf16
 
         return None if cpu_has_native_bf16() is False else "bfloat16"
+
+    def resolved_attn_implementation(self) -> str | None:
+        """The model.attn_implementation the run gets: "auto" decided by the device, precision and CPU."""
+        if self.attn_implementation != "auto":
+            return self.attn_implementation
+        if self.device != "cpu" or self.resolved_compute_dtype() != "bfloat16":
+            return None
+        from lucidrl.models.precision import cpu_has_amx
+
+        return "eager" if cpu_has_amx() else None
 
     def __post_init__(self) -> None:
         for key in ("n_train", "n_val", "steps", "prompts", "n", "max_new_tokens", "eval_every"):

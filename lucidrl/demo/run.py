@@ -41,7 +41,12 @@ def grpo_config(model: str, files: dict[str, str], run_dir: Path, plan: DemoPlan
     """The run's config: GRPO from the pretrained model, the verifier's score as the only reward."""
     kl = plan.kl_coef > 0
     return {
-        "model": {"path": model, "compute_dtype": plan.resolved_compute_dtype(), "lora_rank": plan.lora_rank},
+        "model": {
+            "path": model,
+            "compute_dtype": plan.resolved_compute_dtype(),
+            "attn_implementation": plan.resolved_attn_implementation(),
+            "lora_rank": plan.lora_rank,
+        },
         "data": {
             "train_files": [files["train"]],
             "val_files": [files["val"]],
@@ -128,10 +133,12 @@ def run_demo(
     started = time.perf_counter()
     model_dir = ensure_model(out, plan, model, console)
     files = ensure_data(out / "data", plan, console)
-    precision = plan.resolved_compute_dtype() or "float32"
+    precision = f"{plan.resolved_compute_dtype() or 'float32'} compute"
+    if attention := plan.resolved_attn_implementation():
+        precision += f", {attention} attention"
     console.print(
-        f"{plan.steps} GRPO steps of {plan.prompts} problems x {plan.n} samples per seed ({precision} "
-        f"compute), held-out greedy accuracy on {plan.n_val} problems every {plan.eval_every} steps"
+        f"{plan.steps} GRPO steps of {plan.prompts} problems x {plan.n} samples per seed ({precision}), "
+        f"held-out greedy accuracy on {plan.n_val} problems every {plan.eval_every} steps"
     )
     results: list[SeedResult] = []
     columns = (

@@ -4,6 +4,7 @@ from lucidrl.models.loading import (
     ModelLoadError,
     check_tokenizer_matches_model,
     load_model,
+    load_run_model,
     load_run_tokenizer,
     load_tokenizer,
 )
@@ -15,6 +16,7 @@ __all__ = [
     "build_tiny_model",
     "check_tokenizer_matches_model",
     "load_model",
+    "load_run_model",
     "load_run_tokenizer",
     "load_tokenizer",
     "train_tokenizer",

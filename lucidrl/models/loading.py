@@ -115,20 +115,44 @@ def check_model_folder(path: str, config_key: str = "model.path") -> Path:
     return folder
 
 
-def load_model(path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False) -> Any:
-    """Load a causal LM (`AutoModelForCausalLM`) from a local folder (config key `model.path`), offline."""
+def load_model(
+    path: str,
+    dtype: torch.dtype = torch.float32,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+) -> Any:
+    """Load a causal LM (`AutoModelForCausalLM`) from a local folder (config key `model.path`), offline;
+    `attn_implementation` (model.attn_implementation) picks its attention code, None transformers' own choice."""
     from transformers import AutoModelForCausalLM
 
     folder = check_model_folder(path)
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     try:
         return AutoModelForCausalLM.from_pretrained(
-            str(folder), dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code
+            str(folder), dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code, **kwargs
         )
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError... depending on what broke
+        said = str(exc)
+        # transformers: ImportError "FlashAttention2 has been toggled on, but it cannot be used ...", or
+        # ValueError naming attn_implementation for a model without that kind of attention
+        if attn_implementation is not None and ("toggled on" in said or "attn_implementation" in said):
+            raise ModelLoadError(
+                f"model.attn_implementation={attn_implementation!r}: the model at model.path={path!r} cannot "
+                f"run it ({type(exc).__name__}: {exc}); set model.attn_implementation to eager or sdpa, or "
+                "leave it unset for transformers' own choice."
+            ) from exc
         raise ModelLoadError(
             f"model.path={path!r}: AutoModelForCausalLM could not load the model "
             f"({type(exc).__name__}: {exc}); check the folder's config.json and weight files, or {_BUILD_HINT}."
         ) from exc
+
+
+def load_run_model(m: Any, dtype: torch.dtype) -> Any:
+    """The causal LM a run's `model` section names (model.path), with its model.trust_remote_code and
+    model.attn_implementation, its weights in `dtype`."""
+    return load_model(
+        m.path, dtype=dtype, trust_remote_code=m.trust_remote_code, attn_implementation=m.attn_implementation
+    )
 
 
 def load_run_tokenizer(m: Any) -> Any:

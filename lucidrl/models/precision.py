@@ -85,8 +85,7 @@ def float32_attention_wanted(device: torch.device, dtype: torch.dtype) -> bool:
                 "0 (in the autocast dtype), or unset it (float32 on CPUs without AMX)"
             )
         return value == "1"
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private: where it is gone, change nothing
-    return amx is not None and not amx()
+    return cpu_has_amx() is False
 
 
 _FLOAT32_ATTENTION_ON: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -177,3 +176,9 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
     if flags is None:
         return None
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_has_amx() -> bool | None:
+    """Whether this CPU has AMX tiles (PyTorch's own check); None where this PyTorch cannot tell."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private: where it is gone, tell nothing
+    return None if amx is None else bool(amx())

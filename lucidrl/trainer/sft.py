@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from lucidrl.config import SFTConfig, to_dict
 from lucidrl.data.sft_dataset import IGNORE, collate_sft, load_sft_rows, sft_batches, sft_micro_batches
-from lucidrl.models import check_tokenizer_matches_model, load_model, load_run_tokenizer
+from lucidrl.models import check_tokenizer_matches_model, load_run_model, load_run_tokenizer
 from lucidrl.models.loading import DTYPES
 from lucidrl.models.precision import autocast_dtype, compute_context
 from lucidrl.models.saving import save_hf_folder
@@ -61,7 +61,7 @@ class SFTTrainer:
         prepare_run_dir(cfg, keep=in_place)
         m, d = cfg.model, cfg.data
         self.tokenizer = load_run_tokenizer(m)
-        self.model = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
+        self.model = load_run_model(m, DTYPES[m.dtype])
         check_tokenizer_matches_model(self.model, self.tokenizer, m.path)
         self.model.to(cfg.trainer.device)
         kw = dict(

@@ -26,7 +26,7 @@ from lucidrl.algos import get_advantage_estimator
 from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig
 from lucidrl.diagnostics.debug import debug_enabled
-from lucidrl.models import check_tokenizer_matches_model, load_model, load_run_tokenizer
+from lucidrl.models import check_tokenizer_matches_model, load_model, load_run_model, load_run_tokenizer
 from lucidrl.models.dropout import describe as describe_dropout
 from lucidrl.models.dropout import disable_dropout
 from lucidrl.models.loading import DTYPES
@@ -94,7 +94,7 @@ class PolicyWorker:
         self.agent = None  # with rollout.multi_turn.enable: the multi-turn rollout over self.rollout
         sharded = self.world_size > 1
         if "actor" in roles:
-            model = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code)
+            model = load_run_model(m, dtype)
             check_tokenizer_matches_model(model, self.tokenizer, m.path)
             if cfg.actor.disable_dropout and (changed := disable_dropout(model)):  # the reference's too
                 log.info("%s", describe_dropout(changed, "actor.disable_dropout"))
@@ -142,7 +142,7 @@ class PolicyWorker:
                     model_where=f"model.path={m.path!r}",
                 )
         elif "reference" in roles:
-            ref = load_model(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code).to(self.device)
+            ref = load_run_model(m, dtype).to(self.device)
             self.reference = self._reference(ref)
         if "critic" in roles:
             c = cfg.critic
