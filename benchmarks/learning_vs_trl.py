@@ -285,10 +285,9 @@ def worker_trl(
             for row in rows
         ]
     )
+    # lucidrl's model.dtype, and its model.attn_implementation where the config sets one
     attn = {"attn_implementation": r["attn_implementation"]} if r["attn_implementation"] else {}
-    model = AutoModelForCausalLM.from_pretrained(
-        setting.model, dtype=torch.float32, **attn
-    )  # lucidrl's model.dtype
+    model = AutoModelForCausalLM.from_pretrained(setting.model, dtype=torch.float32, **attn)
 
     def reward(prompts, completions, ground_truth, extra_info, **kwargs):
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
