@@ -5,7 +5,10 @@ buffers over the mmap threshold go straight back to the kernel on free and come 
 zeroed pages on the next allocation: page faults on every step. Keeping the heap (no mmap for big
 blocks, no trimming, a 1 GiB top pad) removes them; `benchmarks/step_vs_trl.py --ablations` measures
 the effect side by side (`lucidrl-untuned`). The cost is that the process keeps its peak heap: RSS
-does not fall after a big step.
+does not fall after a big step, and big buffers whose sizes change every step (whole logits over a
+large vocabulary, cut to each micro-batch's length) leave holes the next ones do not fit, so RSS
+keeps growing; the chunked LM head (actor.head_chunk_tokens, SFT's head_chunk_tokens) avoids them
+(docs/sft.md).
 
 glibc reads these variables once, at start-up, so the `lucidrl` command re-executes itself with them
 set (before importing torch). `LUCIDRL_MALLOC_TUNING=0` turns it off; values you set yourself win.

@@ -308,6 +308,9 @@ def test_a_pretrained_start_gets_rates_and_micro_batches_of_its_own():
     files = {"unlabelled": "u.parquet"}
     assert grpo_config("m", files, Path("r"), pretrained, 0)["actor"]["head_chunk_tokens"] == 1024
     assert grpo_config("m", files, Path("r"), scratch, 0)["actor"]["head_chunk_tokens"] == 0
+    files["labelled"] = "l.parquet"
+    assert sft_config("m", files, Path("r"), pretrained, 0, 10.0)["head_chunk_tokens"] == 1024
+    assert sft_config("m", files, Path("r"), scratch, 0, 10.0)["head_chunk_tokens"] == 0
 
 
 def test_bf16_compute_only_for_a_pretrained_start_on_a_cpu_with_native_bf16(monkeypatch):

@@ -266,3 +266,42 @@ def test_the_loss_is_on_response_tokens_only_and_over_long_rows_are_all_counted(
     assert f"the longest {lengths[1]} tokens" in text and f"Raise data.max_length to {lengths[1]}" in text
     with pytest.raises(DatasetError, match=f"1 of 2 rows are longer than data.max_length={lengths[0]}"):
         load_sft_rows([str(path)], tiny_tokenizer, max_length=lengths[0], **kw)
+
+
+@pytest.mark.parametrize(
+    "chunk", [7, 4096]
+)  # chunks that cut the labelled tokens, and one that holds them all
+def test_the_chunked_lm_head_gives_the_loss_gradient_and_accuracy_of_the_whole_logits(
+    tmp_path, kk_data, tiny_model, chunk
+):
+    whole = SFTTrainer(_cfg(tmp_path, kk_data, tiny_model, "whole"))
+    chunked = SFTTrainer(_cfg(tmp_path, kk_data, tiny_model, "chunked", f"head_chunk_tokens={chunk}"))
+    batches = whole._batches()
+    for _ in range(8):  # a model that gets some tokens right, so the accuracies say something
+        whole.step(next(batches))
+    chunked.model.load_state_dict(whole.model.state_dict())
+    rows = next(batches)
+    metrics = {}
+    for name, trainer in (("whole", whole), ("chunked", chunked)):
+        trainer.optimizer.step = lambda: None  # keep the weights: compare the gradients
+        metrics[name] = {**trainer.step(rows), **trainer.validate()}
+    for key in ("sft/loss", "val/loss", "val/token_acc"):
+        assert metrics["chunked"][key] == pytest.approx(metrics["whole"][key], rel=1e-5), key
+    assert 0 < metrics["whole"]["val/token_acc"] < 1
+    for (name, a), b in zip(whole.model.named_parameters(), chunked.model.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_a_chunked_head_on_a_model_whose_logits_are_scaled_is_refused_naming_the_key(
+    tmp_path, kk_data, tiny_model
+):
+    import shutil
+
+    folder = tmp_path / "scaled_model"
+    shutil.copytree(tiny_model["path"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "final_logit_softcapping": 30.0}))
+    with pytest.raises(
+        ConfigError, match=r"head_chunk_tokens > 0.*final_logit_softcapping.*head_chunk_tokens=0"
+    ):
+        SFTTrainer(_cfg(tmp_path, kk_data, {"path": folder}, "scaled", "head_chunk_tokens=64"))

@@ -683,4 +683,8 @@ class SFTConfig:
     # longest row: less compute on padding, the same gradient (data/sft_dataset.py)
     length_sorted_micro_batches: bool = True
     bf16_autocast: bool = False  # bfloat16 compute with float32 weights (fast on CPUs with AVX-512 BF16)
+    # > 0: the LM head, log-softmax and loss on this many response tokens at a time, never forming the
+    # (rows, length, vocabulary) logits (actor.head_chunk_tokens' fused function): less memory and time
+    # for real vocabularies; 0: the whole micro-batch's logits
+    head_chunk_tokens: Annotated[int, Range(">= 0", "0: the whole micro-batch's logits")] = 0
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)

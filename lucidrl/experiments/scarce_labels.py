@@ -244,6 +244,9 @@ def sft_config(
         "model": {"path": model, "compute_dtype": plan.compute_dtype},
         "data": {"train_files": [files["labelled"]], "batch_size": plan.sft_batch, "seed": seed},
         "micro_batch_size": min(plan.sft_micro_batch, plan.sft_batch),
+        # a pretrained model's vocabulary: the LM head on chunks, never the whole logits, whose sizes change
+        # with every micro-batch's length and grow the heap the allocator settings keep (docs/sft.md)
+        "head_chunk_tokens": 1024 if plan.model else 0,
         "optim": {"lr": plan.sft_lr, "warmup_steps": 10},
         "trainer": {
             "experiment_name": "scarce-labels-sft",

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from rich.markup import escape
 
-from lucidrl.config import SFTConfig, to_dict
+from lucidrl.config import ConfigError, SFTConfig, to_dict
 from lucidrl.data.sft_dataset import IGNORE, collate_sft, load_sft_rows, sft_batches, sft_micro_batches
 from lucidrl.models import check_tokenizer_matches_model, load_run_model, load_run_tokenizer
 from lucidrl.models.loading import DTYPES
@@ -21,6 +21,7 @@ from lucidrl.trainer import checkpoint, run_status
 from lucidrl.trainer.interrupt import RunInterrupted, StopSignals, how_to_continue, stopped_message
 from lucidrl.trainer.setup import prepare_run_dir, run_dir_of, seed_everything
 from lucidrl.trainer.tracking import Tracker
+from lucidrl.workers.forward import check_chunkable_head, chunked_head_log_probs
 from lucidrl.workers.optim import NonFiniteLossError, build_optimizer, clip_grad
 from lucidrl.workers.train_state import load_train_state, save_train_state
 
@@ -33,8 +34,14 @@ SFT_CONSOLE_KEYS = [
 ]
 
 
-def response_loss_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int, int]:
-    """Summed cross-entropy over labelled tokens, their count, and how many the argmax got right."""
+def response_loss_sum(
+    model, batch: dict[str, torch.Tensor], head_chunk_tokens: int = 0, count_correct: bool = True
+) -> tuple[torch.Tensor, int, int]:
+    """Summed cross-entropy over labelled tokens, their count, and how many the argmax got right (0
+    without `count_correct`). `head_chunk_tokens` > 0: the LM head runs on that many labelled tokens at
+    a time (lucidrl.algos.head_logprob), so no (rows, length, vocabulary) logits are ever held."""
+    if head_chunk_tokens:
+        return _chunked_loss_sum(model, batch, head_chunk_tokens, count_correct)
     logits = model(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
     ).logits
@@ -43,8 +50,30 @@ def response_loss_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tens
         logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
     )
     keep = labels != IGNORE
-    correct = int((logits.argmax(-1)[keep] == labels[keep]).sum())
+    correct = int((logits.argmax(-1)[keep] == labels[keep]).sum()) if count_correct else 0
     return loss, int(keep.sum()), correct
+
+
+def _chunked_loss_sum(model, batch, chunk_tokens: int, count_correct: bool) -> tuple[torch.Tensor, int, int]:
+    states = model.get_decoder()(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+    ).last_hidden_state[:, :-1]
+    labels = batch["labels"][:, 1:]
+    keep = labels != IGNORE
+    head = model.get_output_embeddings()
+    log_probs, _ = chunked_head_log_probs(
+        head, states, labels.clamp(min=0), keep, temperature=1.0, with_entropy=False, entropy_grad=False,
+        chunk_tokens=chunk_tokens,
+    )  # fmt: skip
+    correct = 0
+    if count_correct:  # the argmax chunk by chunk too, without a graph
+        with torch.no_grad():
+            h, y = states[keep], labels[keep]
+            correct = sum(
+                int((head(h[i : i + chunk_tokens]).argmax(-1) == y[i : i + chunk_tokens]).sum())
+                for i in range(0, len(y), chunk_tokens)
+            )
+    return -log_probs.sum(), int(keep.sum()), correct
 
 
 class SFTTrainer:
@@ -63,6 +92,11 @@ class SFTTrainer:
         self.tokenizer = load_run_tokenizer(m)
         self.model = load_run_model(m, DTYPES[m.dtype])
         check_tokenizer_matches_model(self.model, self.tokenizer, m.path)
+        if cfg.head_chunk_tokens:
+            try:
+                check_chunkable_head(self.model, key="head_chunk_tokens")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         self.model.to(cfg.trainer.device)
         kw = dict(
             tokenizer=self.tokenizer,
@@ -120,7 +154,7 @@ class SFTTrainer:
             batch = collate_sft(piece, self.tokenizer.pad_token_id)
             batch = {k: v.to(cfg.trainer.device) for k, v in batch.items()}
             with self._autocast():
-                loss, _, _ = response_loss_sum(self.model, batch)
+                loss, _, _ = response_loss_sum(self.model, batch, cfg.head_chunk_tokens, count_correct=False)
             (loss / n_tokens).backward()
             total += loss.item()
         grad_norm = clip_grad(self.model, cfg.optim.grad_clip)
@@ -156,7 +190,9 @@ class SFTTrainer:
             batch = collate_sft(piece, self.tokenizer.pad_token_id)
             with self._autocast():
                 s, n, c = response_loss_sum(
-                    self.model, {k: v.to(self.cfg.trainer.device) for k, v in batch.items()}
+                    self.model,
+                    {k: v.to(self.cfg.trainer.device) for k, v in batch.items()},
+                    self.cfg.head_chunk_tokens,
                 )
             loss, tokens, correct = loss + s.item(), tokens + n, correct + c
         self.last_val = {"val/loss": loss / tokens, "val/token_acc": correct / tokens}

@@ -228,8 +228,9 @@ _LOGIT_TRANSFORMS = (
 )
 
 
-def check_chunkable_head(model: torch.nn.Module) -> None:
-    """Raise ValueError unless the model's logits are exactly `get_output_embeddings()(decoder output)`."""
+def check_chunkable_head(model: torch.nn.Module, key: str = "actor.head_chunk_tokens") -> None:
+    """Raise ValueError unless the model's logits are exactly `get_output_embeddings()(decoder output)`;
+    the messages name the config `key` that asked for the chunked head."""
     name = type(model).__name__
     from torch.distributed.fsdp import FSDPModule
 
@@ -237,29 +238,29 @@ def check_chunkable_head(model: torch.nn.Module) -> None:
         # The chunked path calls the decoder and the head directly, past the root's forward hooks that
         # all-gather FSDP2's root parameter group (embeddings, final norm, head).
         raise ValueError(
-            f"actor.head_chunk_tokens > 0 is not supported with FSDP2 yet (the model is a {name}: the "
-            "chunked path would bypass the root's all-gather); set actor.head_chunk_tokens=0 or use one rank"
+            f"{key} > 0 is not supported with FSDP2 yet (the model is a {name}: the "
+            f"chunked path would bypass the root's all-gather); set {key}=0 or use one rank"
         )
     if not (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
         raise ValueError(
-            f"actor.head_chunk_tokens > 0 needs a plain HuggingFace causal LM (get_decoder / "
+            f"{key} > 0 needs a plain HuggingFace causal LM (get_decoder / "
             f"get_output_embeddings), but the model is a {name} (a DDP or other wrapper: the chunked LM "
-            "head runs with one rank only for now); set actor.head_chunk_tokens=0"
+            f"head runs with one rank only for now); set {key}=0"
         )
     config = getattr(model, "config", None)
     transforms = [a for a in _LOGIT_TRANSFORMS if getattr(config, a, None) not in (None, 1, 1.0)]
     if transforms or model.get_output_embeddings() is None:
         raise ValueError(
-            f"actor.head_chunk_tokens > 0: {name}'s logits are not just its LM head's output "
+            f"{key} > 0: {name}'s logits are not just its LM head's output "
             f"({', '.join(transforms) or 'no output embeddings'} in its config), which the chunked path "
-            "would skip; set actor.head_chunk_tokens=0"
+            f"would skip; set {key}=0"
         )
     gap = _head_probe(model)
     if gap is not None:
         raise ValueError(
-            f"actor.head_chunk_tokens > 0: {name}'s logits are not just its LM head's output (on a probe of "
+            f"{key} > 0: {name}'s logits are not just its LM head's output (on a probe of "
             f"a few tokens, the model's logits and head(decoder(...)) differ by up to {gap:.3g}: a transform "
-            "in its forward, which the chunked path would skip); set actor.head_chunk_tokens=0"
+            f"in its forward, which the chunked path would skip); set {key}=0"
         )
 
 
