@@ -86,9 +86,11 @@ def prepare(work: Path, model: str | None) -> int:
 
 
 def worker(
-    work: Path, name: str, repeats: int, model: str | None, bf16: bool, attn: str | None = None
-) -> dict:
-    """One variant's passes, in this process; `attn`: model.attn_implementation (benchmarks/attention_cpu.py)."""
+    work: Path, name: str, repeats: int, model: str | None, bf16: bool, attn: str | None = None,
+    save_log_probs: Path | None = None,
+) -> dict:  # fmt: skip
+    """One variant's passes, in this process; `attn`: model.attn_implementation, and the first pass's
+    log-probs saved to `save_log_probs` (both for benchmarks/attention_cpu.py)."""
     from lucidrl.batch import Batch
     from lucidrl.config.schema import ActorConfig, OptimConfig
     from lucidrl.models import load_model
@@ -118,6 +120,8 @@ def worker(
         t = time.perf_counter()
         old = actor.compute_log_prob(batch)
         log_prob_s.append(time.perf_counter() - t)
+        if first is None and save_log_probs is not None:
+            torch.save(old["old_log_probs"], save_log_probs)
         first = first if first is not None else old["old_log_probs"][:, :4].tolist()
         batch.set("old_log_probs", old["old_log_probs"])
         t = time.perf_counter()
