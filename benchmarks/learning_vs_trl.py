@@ -34,7 +34,9 @@ bf16 compute on an AMX CPU, else transformers' default).
 Every `--eval-every` steps each framework's weights are saved and scored by the same evaluator
 (`lucidrl.trainer.evaluation.evaluate`: greedy, on the held-out set), so the two curves differ only in
 the training. Each framework runs in its own process (`--threads` torch threads), one after the other;
-the training seconds exclude evaluation. The last line says when lucidrl's curve first reached TRL's
+the training seconds exclude evaluation. A second table gives each step's training batch on both sides
+(mean reward, format rate, mean response length), where a difference in learning shows before the
+held-out points do. The last line says when lucidrl's curve first reached TRL's
 final accuracy, and the ratio of its training time then to TRL's whole (the goal: at most a third).
 
     .venv/bin/lucidrl demo                                 # writes outputs/demo/model (SmolLM2-135M-Instruct)
@@ -215,15 +217,25 @@ def greedy_accuracy(model_dir: str, setting: Setting, n_val: int | None) -> tupl
     return entry["greedy"]["acc"], entry["n_prompts"]
 
 
-def score(setting: Setting, completion: str, ground_truth: str, extra_info: dict) -> float:
-    """The verifier's score of one completion, as lucidrl's reward manager calls it for the setting."""
+def score(setting: Setting, completion: str, ground_truth: str, extra_info: dict) -> dict[str, float]:
+    """The verifier's result for one completion, as lucidrl's reward manager calls it for the setting:
+    {"score", "acc", "format_ok"}."""
     if setting.name == "kk":
         from lucidrl.rewards.kk import compute_score as kk_score
 
-        return float(kk_score("<think>" + completion, ground_truth)["score"])
+        return kk_score("<think>" + completion, ground_truth)
     from lucidrl.rewards.word_problems import compute_score
 
-    return float(compute_score(completion, ground_truth, extra_info)["score"])
+    return compute_score(completion, ground_truth, extra_info)
+
+
+def train_point(scores: list[float], formats: list[float], lengths: list[int]) -> dict[str, float]:
+    """One step's training batch: mean reward, format rate and mean response length (tokens, EOS included)."""
+    return {
+        "score": sum(scores) / len(scores),
+        "format": sum(formats) / len(formats),
+        "length": sum(lengths) / len(lengths),
+    }
 
 
 # -- workers: each runs in its own process and prints one JSON line -------------------------------------
@@ -238,13 +250,20 @@ def worker_lucidrl(
     cfg = lucidrl_config(setting, steps, work / "lucidrl", threads, seed)
     trainer = PPOTrainer(config_from_dict(cfg, source="learning_vs_trl"))
     acc, n_eval = greedy_accuracy(setting.model, setting, n_val)
-    curve, step_s = [(0, 0.0, acc)], []
+    curve, step_s, train = [(0, 0.0, acc)], [], []
     for step in range(1, steps + 1):
         trainer.global_step = step
         start = time.perf_counter()
         metrics = trainer.step()
         step_s.append(time.perf_counter() - start)
         trainer.tracker.log(metrics, step=step)
+        train.append(
+            {
+                "score": metrics["critic/score/mean"],
+                "format": metrics["reward/format_ok/mean"],
+                "length": metrics["response_length/mean"],
+            }
+        )
         if step % every == 0 or step == steps:
             path = work / f"lucidrl_step{step}"
             trainer.save_model(path)
@@ -254,7 +273,13 @@ def worker_lucidrl(
             file=sys.stderr,
             flush=True,
         )
-    return {"curve": curve, "step_s": step_s, "n_eval": n_eval, "threads": torch.get_num_threads()}
+    return {
+        "curve": curve,
+        "step_s": step_s,
+        "train": train,
+        "n_eval": n_eval,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def worker_trl(
@@ -289,15 +314,23 @@ def worker_trl(
     attn = {"attn_implementation": r["attn_implementation"]} if r["attn_implementation"] else {}
     model = AutoModelForCausalLM.from_pretrained(setting.model, dtype=torch.float32, **attn)
 
-    def reward(prompts, completions, ground_truth, extra_info, **kwargs):
+    # the step's completions as the reward saw them, for its training point (TRL may score a step's
+    # generation batch in more than one call)
+    pending: dict[str, list] = {"scores": [], "formats": [], "lengths": []}
+
+    def reward(prompts, completions, ground_truth, extra_info, completion_ids, **kwargs):
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-        return [
+        results = [
             score(setting, t, gt, json.loads(info) or {})
             for t, gt, info in zip(texts, ground_truth, extra_info, strict=True)
         ]
+        pending["scores"] += [float(res["score"]) for res in results]
+        pending["formats"] += [float(res["format_ok"]) for res in results]
+        pending["lengths"] += [len(ids) for ids in completion_ids]
+        return [float(res["score"]) for res in results]
 
     acc, n_eval = greedy_accuracy(setting.model, setting, n_val)
-    curve, step_s = [(0, 0.0, acc)], []
+    curve, step_s, train = [(0, 0.0, acc)], [], []
 
     class Curve(TrainerCallback):
         """Times each step from the end of the one before (generation, scoring, forwards, backwards and
@@ -309,6 +342,9 @@ def worker_trl(
         def on_step_end(self, args, state, control, model=None, **kw):
             step_s.append(time.perf_counter() - self.last)
             step = state.global_step
+            train.append(train_point(pending["scores"], pending["formats"], pending["lengths"]))
+            for values in pending.values():
+                values.clear()
             print(
                 f"trl step {step}: {step_s[-1]:.1f} s ({sum(step_s):.0f} s of training)",
                 file=sys.stderr,
@@ -376,6 +412,7 @@ def worker_trl(
     return {
         "curve": curve,
         "step_s": step_s,
+        "train": train,
         "n_eval": n_eval,
         "threads": torch.get_num_threads(),
         "recipe": r,
@@ -493,6 +530,18 @@ def main() -> None:
     print(f"{'step':>5s} {'lucidrl acc':>12s} {'lucidrl train s':>16s} {'TRL acc':>8s} {'TRL train s':>12s}")
     for (step, ls, la), (_, ts, ta) in zip(lucid, trl, strict=True):
         print(f"{step:5d} {la:12.3f} {ls:16.0f} {ta:8.3f} {ts:12.0f}")
+    print(
+        "\neach step's training batch (before its update): mean reward, format rate, mean response tokens\n"
+        f"{'step':>5s} {'lucidrl reward':>15s} {'format':>7s} {'tokens':>7s} {'TRL reward':>11s} {'format':>7s} "
+        f"{'tokens':>7s}"
+    )
+    for step, (lt, tt) in enumerate(
+        zip(results["lucidrl"]["train"], results["trl"]["train"], strict=True), 1
+    ):
+        print(
+            f"{step:5d} {lt['score']:15.3f} {lt['format']:7.3f} {lt['length']:7.1f} {tt['score']:11.3f} "
+            f"{tt['format']:7.3f} {tt['length']:7.1f}"
+        )
     (steps, ls, la), (_, ts, ta) = lucid[-1], trl[-1]
     print(
         f"\nfinal: lucidrl {la:.3f} in {ls:.0f} s, TRL {ta:.3f} in {ts:.0f} s (start {lucid[0][2]:.3f}); "
@@ -517,6 +566,7 @@ def main() -> None:
                 for kind, res in results.items()
             },
             "step_s": {kind: res["step_s"] for kind, res in results.items()},
+            "train": {kind: res["train"] for kind, res in results.items()},
             "reached": hit,
         }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
