@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from helpers import toy_train_args
 
 from lucidrl.batch import Batch, BatchError
 from lucidrl.config import ConfigError, load_config
@@ -310,6 +311,34 @@ def test_a_taken_rendezvous_port_is_a_user_error_naming_it_and_the_group_is_clea
         pg_id for pg_id, pg in ray_cluster.util.placement_group_table().items() if pg["state"] != "REMOVED"
     }
     assert after == before  # its placement group was removed (and its ranks killed) on the way out
+
+
+@pytest.mark.slow
+def test_a_trainer_whose_set_up_fails_leaves_no_ray_groups_behind(ray_cluster, tmp_path, kk_data, tiny_model):
+    """An empty validation file is found after the groups have started; a missing reward file is found
+    before any starts. Either way the error arrives and this process, which goes on, holds no placement
+    group (nor its ranks) from the failed start."""
+    import pyarrow.parquet as pq
+
+    from lucidrl.data.dataset import DatasetError
+    from lucidrl.rewards.custom import CustomFunctionError
+    from lucidrl.trainer.ppo import PPOTrainer
+
+    def placement_groups() -> set:
+        table = ray_cluster.util.placement_group_table()
+        return {pg_id for pg_id, pg in table.items() if pg["state"] != "REMOVED"}
+
+    before = placement_groups()
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pq.read_table(kk_data["train"]).slice(0, 0), empty)
+    args = [*toy_train_args(tmp_path, kk_data, tiny_model)[1:], "trainer.backend=ray"]
+    with pytest.raises(DatasetError, match="holds no rows"):
+        PPOTrainer(load_config(None, [*args, f"data.val_files=[{empty}]"]))
+    assert placement_groups() == before
+    missing = tmp_path / "no_such_reward.py"
+    with pytest.raises(CustomFunctionError, match="no_such_reward.py.* does not exist"):
+        PPOTrainer(load_config(None, [*args, f"reward.custom_function.path={missing}"]))
+    assert placement_groups() == before
 
 
 @pytest.mark.slow

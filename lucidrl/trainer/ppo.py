@@ -53,66 +53,72 @@ class PPOTrainer:
         in_place = checkpoint.resumes_in_place(resume, self.run_dir)
         setup.prepare_run_dir(cfg, keep=in_place)
         self.workers = setup.build_workers(cfg)
-        tok = self.workers.tokenizer
-        self.train_samples, self.val_samples, self.filter_report = setup.load_data(cfg, tok)
-        self.loader = PromptLoader(
-            self.train_samples,
-            cfg.data.train_batch_size,
-            tok.pad_token_id,
-            shuffle=cfg.data.shuffle,
-            seed=cfg.data.seed,
-        )
-        self.total_steps = (
-            cfg.trainer.total_training_steps or self.loader.steps_per_epoch * cfg.trainer.total_epochs
-        )
-        self.collector = BatchCollector(
-            cfg, self.workers.actor, self.workers.reward, self._batches(), pad_token_id=tok.pad_token_id
-        )
-        kc = cfg.algorithm.kl_ctrl
-        self.kl_ctrl = (
-            make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
-            if cfg.algorithm.use_kl_in_reward
-            else None
-        )
-        a = cfg.actor
-        # one epoch of one mini-batch per step and nothing else reading them: the old log-probs are the
-        # update's own forward's, detached (ratio 1), whatever engine sampled and in whatever precision. The
-        # rollout's are never used for them (vLLM and bf16 decoding round differently, a server may hold
-        # other weights), only compared (rollout/logprob_diff_*). With dropout on the update's forward is a
-        # dropped-out one, so the eval-mode pass runs
-        self.on_policy = (
-            a.on_policy_skip_old_log_prob
-            and a.ppo_epochs == 1
-            and a.ppo_mini_batch_size == cfg.data.train_batch_size
-            and not cfg.algorithm.use_kl_in_reward
-            and a.disable_dropout
-            # these read the old log-probs before the update: the pass must run
-            and not rollout_correction_active(cfg)
-            and not estimator_needs(cfg, "old_log_probs")
-        )
-        # algorithm.rollout_correction.bypass_mode: the engine's log-probs are the old ones, no pass
-        self.bypass = cfg.algorithm.rollout_correction.bypass_mode
-        self.global_step = 0
-        self.batches_drawn = 0  # batches taken from the loader's epochs so far (a resume skips them)
-        self.data_epoch = 0  # the epoch of the data the last prompt batch came from
-        # keeps the last healthy weights, restores them on a collapse, reports (trainer/collapse_guard.py)
-        self.guard = CollapseGuard(
-            cfg.trainer.collapse,
-            self.workers.actor,
-            lambda text: self.tracker.console.print(text),
-            self.run_dir,
-        )
-        self.last_val: dict[str, float] = {}
-        self.first_val: dict[str, float] = {}
-        self.resumed_from: Path | None = None
-        self.resume_changes: dict[str, tuple] = {}
-        # called with (step, metrics) after each step's metrics are logged: a progress display's hook
-        self.on_step: Callable[[int, dict[str, float]], None] | None = None
-        if resume is not None:
-            self.resume(resume)
-        # after the resume: one that is refused opens no tracker run
-        self.tracker = Tracker.for_run(cfg, self.run_dir, resumed_step=self.global_step if in_place else None)
-        show_scoring_progress(self.workers.reward, self.tracker.console)  # a slow reward says how far it is
+        # a set-up that fails from here on (a bad data file, a refused resume) leaves no Ray actors behind
+        with self.workers.shut_down_on_error():
+            tok = self.workers.tokenizer
+            self.train_samples, self.val_samples, self.filter_report = setup.load_data(cfg, tok)
+            self.loader = PromptLoader(
+                self.train_samples,
+                cfg.data.train_batch_size,
+                tok.pad_token_id,
+                shuffle=cfg.data.shuffle,
+                seed=cfg.data.seed,
+            )
+            self.total_steps = (
+                cfg.trainer.total_training_steps or self.loader.steps_per_epoch * cfg.trainer.total_epochs
+            )
+            self.collector = BatchCollector(
+                cfg, self.workers.actor, self.workers.reward, self._batches(), pad_token_id=tok.pad_token_id
+            )
+            kc = cfg.algorithm.kl_ctrl
+            self.kl_ctrl = (
+                make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
+                if cfg.algorithm.use_kl_in_reward
+                else None
+            )
+            a = cfg.actor
+            # one epoch of one mini-batch per step and nothing else reading them: the old log-probs are the
+            # update's own forward's, detached (ratio 1), whatever engine sampled and in whatever precision. The
+            # rollout's are never used for them (vLLM and bf16 decoding round differently, a server may hold
+            # other weights), only compared (rollout/logprob_diff_*). With dropout on the update's forward is a
+            # dropped-out one, so the eval-mode pass runs
+            self.on_policy = (
+                a.on_policy_skip_old_log_prob
+                and a.ppo_epochs == 1
+                and a.ppo_mini_batch_size == cfg.data.train_batch_size
+                and not cfg.algorithm.use_kl_in_reward
+                and a.disable_dropout
+                # these read the old log-probs before the update: the pass must run
+                and not rollout_correction_active(cfg)
+                and not estimator_needs(cfg, "old_log_probs")
+            )
+            # algorithm.rollout_correction.bypass_mode: the engine's log-probs are the old ones, no pass
+            self.bypass = cfg.algorithm.rollout_correction.bypass_mode
+            self.global_step = 0
+            self.batches_drawn = 0  # batches taken from the loader's epochs so far (a resume skips them)
+            self.data_epoch = 0  # the epoch of the data the last prompt batch came from
+            # keeps the last healthy weights, restores them on a collapse, reports (trainer/collapse_guard.py)
+            self.guard = CollapseGuard(
+                cfg.trainer.collapse,
+                self.workers.actor,
+                lambda text: self.tracker.console.print(text),
+                self.run_dir,
+            )
+            self.last_val: dict[str, float] = {}
+            self.first_val: dict[str, float] = {}
+            self.resumed_from: Path | None = None
+            self.resume_changes: dict[str, tuple] = {}
+            # called with (step, metrics) after each step's metrics are logged: a progress display's hook
+            self.on_step: Callable[[int, dict[str, float]], None] | None = None
+            if resume is not None:
+                self.resume(resume)
+            # after the resume: one that is refused opens no tracker run
+            self.tracker = Tracker.for_run(
+                cfg, self.run_dir, resumed_step=self.global_step if in_place else None
+            )
+            show_scoring_progress(
+                self.workers.reward, self.tracker.console
+            )  # a slow reward says how far it is
 
     def announce(self) -> None:
         """Say what this run will do, including anything the data loading dropped."""

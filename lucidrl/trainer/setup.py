@@ -7,6 +7,8 @@ import logging
 import random
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,16 @@ class Workers:
     def shutdown(self) -> None:
         for g in self.groups:
             g.shutdown()
+
+    @contextmanager
+    def shut_down_on_error(self) -> Iterator[Workers]:
+        """Shut the groups down if the block raises: a trainer whose set-up failed leaves no Ray actors and
+        placement groups behind in a process that goes on (a notebook, a sweep)."""
+        try:
+            yield self
+        except BaseException:
+            self.shutdown()
+            raise
 
     def __enter__(self) -> Workers:
         return self
@@ -208,53 +220,66 @@ def uses_rule_rewards(cfg: LucidConfig) -> bool:
     return not (cfg.reward_model.enable and cfg.reward_model.combine == "replace")
 
 
+def _distinct(groups: dict[str, WorkerGroup]) -> list[WorkerGroup]:
+    """Each group once: colocated roles share one."""
+    return list({id(g): g for g in groups.values()}.values())
+
+
 def build_workers(cfg: LucidConfig) -> Workers:
     """One worker group per placement group plan; the reward manager in this process."""
     m = cfg.model
     tokenizer = load_run_tokenizer(m)
+    fn = cfg.reward.custom_function
+    r = cfg.reward
+    # before any group starts: a bad reward file is refused without starting Ray actors
+    rules = RuleRewardManager.from_config(
+        tokenizer, fn.path, fn.name, fn.reward_kwargs, on_error=r.on_error, timeout_s=r.timeout_s
+    )
     groups: dict[str, WorkerGroup] = {}
     plans = plan_groups(cfg)
     ray_cluster = ensure_ray(cfg.trainer.ray_address, num_cpus=None) if cfg.trainer.backend == "ray" else None
-    for plan in plans:
-        if cfg.trainer.backend == "local":
-            group = LocalWorkerGroup(PolicyWorker, plan.name, cfg, plan.roles, device=plan.device)
-        else:
-            gpu = plan.device.startswith("cuda")
-            group = RayWorkerGroup(
-                PolicyWorker,
-                plan.name,
-                cfg,
-                plan.roles,
-                device="cuda" if gpu else "cpu",
-                world_size=plan.world_size,
-                nodes=plan.nodes,
-                cpus_per_rank=cfg.trainer.cpus_per_rank,
-                gpus_per_rank=1 if gpu else 0,
-                master_port=cfg.trainer.master_port,
-                backend="nccl" if gpu else "gloo",
-            )
-        if debug_enabled():
-            print(
-                f"[lucidrl debug] placement: {plan.name} x{plan.world_size} on {plan.where} ({cfg.trainer.backend})",
-                file=sys.stderr,
-                flush=True,
-            )
-        for role in plan.roles:
-            groups[role] = group
-    fn = cfg.reward.custom_function
-    r = cfg.reward
-    reward = RuleRewardManager.from_config(
-        tokenizer, fn.path, fn.name, fn.reward_kwargs, on_error=r.on_error, timeout_s=r.timeout_s
-    )
+    try:
+        for plan in plans:
+            if cfg.trainer.backend == "local":
+                group = LocalWorkerGroup(PolicyWorker, plan.name, cfg, plan.roles, device=plan.device)
+            else:
+                gpu = plan.device.startswith("cuda")
+                group = RayWorkerGroup(
+                    PolicyWorker,
+                    plan.name,
+                    cfg,
+                    plan.roles,
+                    device="cuda" if gpu else "cpu",
+                    world_size=plan.world_size,
+                    nodes=plan.nodes,
+                    cpus_per_rank=cfg.trainer.cpus_per_rank,
+                    gpus_per_rank=1 if gpu else 0,
+                    master_port=cfg.trainer.master_port,
+                    backend="nccl" if gpu else "gloo",
+                )
+            if debug_enabled():
+                print(
+                    f"[lucidrl debug] placement: {plan.name} x{plan.world_size} on {plan.where} ({cfg.trainer.backend})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            for role in plan.roles:
+                groups[role] = group
+    except BaseException:
+        # a group that failed to start (a taken port, a bad model) stops the ones started before it
+        for g in _distinct(groups):
+            g.shutdown()
+        raise
+    reward: RuleRewardManager | ModelRewardScorer = rules
     if cfg.reward_model.enable:
-        reward = ModelRewardScorer(groups["reward_model"], reward, cfg.reward_model.combine)
+        reward = ModelRewardScorer(groups["reward_model"], rules, cfg.reward_model.combine)
     return Workers(
         tokenizer,
         groups["actor"],
         groups.get("reference"),
         groups.get("critic"),
         reward,
-        list({id(g): g for g in groups.values()}.values()),
+        _distinct(groups),
         ray_cluster,
     )
 
