@@ -116,9 +116,8 @@ class PPOTrainer:
             self.tracker = Tracker.for_run(
                 cfg, self.run_dir, resumed_step=self.global_step if in_place else None
             )
-            show_scoring_progress(
-                self.workers.reward, self.tracker.console
-            )  # a slow reward says how far it is
+            # a slow reward says how far it is
+            show_scoring_progress(self.workers.reward, self.tracker.console)
 
     def announce(self) -> None:
         """Say what this run will do, including anything the data loading dropped."""
