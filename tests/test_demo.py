@@ -85,6 +85,20 @@ def test_bf16_compute_only_where_the_cpu_has_it(monkeypatch):
     assert DemoPlan().resolved_compute_dtype() == "bfloat16"
 
 
+def test_the_user_is_told_before_the_run_when_the_cpu_forces_float32(monkeypatch):
+    import lucidrl.models.precision as precision
+    from lucidrl.demo.run import float32_note
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    note = float32_note(DemoPlan())
+    assert note is not None and "no native bfloat16" in note and "docs/demo.md" in note
+    assert float32_note(DemoPlan(compute_dtype=None)) is None  # float32 asked for: nothing to explain
+    assert float32_note(DemoPlan(device="cuda")) is None
+    for native in (True, None):  # bf16 compute, or a CPU whose flags cannot be read
+        monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda native=native: native)
+        assert float32_note(DemoPlan()) is None
+
+
 def test_eager_attention_only_under_bf16_compute_on_an_amx_cpu(monkeypatch, tmp_path):
     import lucidrl.models.precision as precision
     from lucidrl.demo.run import grpo_config

@@ -83,6 +83,18 @@ def grpo_config(model: str, files: dict[str, str], run_dir: Path, plan: DemoPlan
     }
 
 
+def float32_note(plan: DemoPlan) -> str | None:
+    """What a user should know before the run when "auto" fell back to float32 on this CPU."""
+    if plan.compute_dtype != "auto" or plan.device != "cpu" or plan.resolved_compute_dtype() is not None:
+        return None
+    return (
+        "this CPU has no native bfloat16 (AVX-512 BF16 or AMX), so the demo computes in float32: each step "
+        "takes several times as long as on a CPU that has it, and the run far more than the demo's "
+        "10 minutes (docs/demo.md has the figures measured on such a CPU; the bar's ETA follows the "
+        "first step)"
+    )
+
+
 def _val_acc(metrics: dict[str, float]) -> float | None:
     return metrics.get("val/acc")
 
@@ -140,6 +152,8 @@ def run_demo(
         f"{plan.steps} GRPO steps of {plan.prompts} problems x {plan.n} samples per seed ({precision}), "
         f"held-out greedy accuracy on {plan.n_val} problems every {plan.eval_every} steps"
     )
+    if note := float32_note(plan):
+        console.print(f"[yellow]{escape(note)}[/yellow]")
     results: list[SeedResult] = []
     columns = (
         TextColumn("{task.description}"),
