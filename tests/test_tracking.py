@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from lucidrl.config import ConfigError, SFTConfig, load_config
+from lucidrl.diagnostics.errors import UserError
 from lucidrl.trainer.sft import SFTTrainer
 from lucidrl.trainer.tracking import IDS_FILE, Tracker
 
@@ -86,6 +87,28 @@ def test_every_tracker_gets_the_metrics_and_a_resume_continues_the_same_runs(
         abs(s.value - r["sft/loss"]) <= 1e-6 * abs(r["sft/loss"])
         for s, r in zip(scalars, logged, strict=True)
     )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="needs lucidrl[wandb]")
+def test_wandb_without_a_login_says_how_to_log_in_before_any_step(tmp_path, monkeypatch):
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_MODE_OFFLINE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: this machine has never logged in
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
+    wandb.teardown()  # W&B keeps the settings it read first for the whole process: read these
+    try:
+        with pytest.raises(UserError) as err:
+            Tracker(["jsonl", "wandb"], tmp_path, project="p", experiment="e", config={})
+    finally:
+        wandb.teardown()  # and the next test reads its own
+    message = str(err.value)
+    assert "No API key configured" in message  # W&B's own words, then the ways out
+    assert "wandb login" in message and "WANDB_API_KEY" in message and "WANDB_MODE=offline" in message
+    assert str(tmp_path / "wandb") in message and "trainer.logger" in message
+    assert (tmp_path / "metrics.jsonl").read_text() == ""  # opened, closed, nothing logged
 
 
 def test_wandb_receives_each_step(tmp_path, trackers_offline):

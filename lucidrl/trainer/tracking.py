@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from lucidrl.config import flat_keys, missing_logger_packages, to_dict
+from lucidrl.diagnostics.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +80,24 @@ class _Wandb:
     ):
         import wandb
 
-        self.run = wandb.init(
-            project=project,
-            name=experiment,
-            id=ids.get("wandb"),
-            resume="allow" if ids.get("wandb") else None,
-            config=config,
-            dir=str(run_dir),
-            reinit="create_new",  # a second trainer in one process gets its own run, not the last one
-        )
+        try:
+            self.run = wandb.init(
+                project=project,
+                name=experiment,
+                id=ids.get("wandb"),
+                resume="allow" if ids.get("wandb") else None,
+                config=config,
+                dir=str(run_dir),
+                reinit="create_new",  # a second trainer in one process gets its own run, not the last one
+            )
+        except (wandb.errors.UsageError, wandb.errors.AuthenticationError) as exc:
+            # no login on this machine, or a key W&B refuses: said before any step, with the ways out
+            raise UserError(
+                f"trainer.logger has wandb, but W&B would not start a run: {exc} "
+                f"({type(exc).__name__}). Log in once with `wandb login` or set WANDB_API_KEY; or set "
+                f"WANDB_MODE=offline to log under {run_dir / 'wandb'} and `wandb sync` it later; or take "
+                "wandb out of trainer.logger"
+            ) from exc
         ids["wandb"] = self.run.id
         self.where = f"W&B run {self.run.id} ({getattr(self.run, 'url', None) or 'offline'})"
 
