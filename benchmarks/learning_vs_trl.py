@@ -36,7 +36,9 @@ Every `--eval-every` steps each framework's weights are saved and scored by the 
 the training. Each framework runs in its own process (`--threads` torch threads), one after the other;
 the training seconds exclude evaluation. A second table gives each step's training batch on both sides
 (mean reward, format rate, mean response length), where a difference in learning shows before the
-held-out points do. The last line says when lucidrl's curve first reached TRL's
+held-out points do, and each update's gradient norm before clipping (lucidrl's `actor/grad_norm`,
+the `grad_norm` TRL's Trainer logs): with one loss on both sides the two should be close, so a gap
+there points at a difference in how the loss is scaled. The last line says when lucidrl's curve first reached TRL's
 final accuracy, and the ratio of its training time then to TRL's whole (the goal: at most a third).
 
     .venv/bin/lucidrl demo                                 # writes outputs/demo/model (SmolLM2-135M-Instruct)
@@ -238,6 +240,18 @@ def train_point(scores: list[float], formats: list[float], lengths: list[int]) -
     }
 
 
+def worker_result(curve: list, step_s: list[float], train: list[dict], n_eval: int, **extra) -> dict:
+    """What a worker prints: its accuracy curve, step times, training batches, and its own extras."""
+    return {
+        "curve": curve,
+        "step_s": step_s,
+        "train": train,
+        "n_eval": n_eval,
+        "threads": torch.get_num_threads(),
+        **extra,
+    }
+
+
 # -- workers: each runs in its own process and prints one JSON line -------------------------------------
 
 
@@ -262,6 +276,7 @@ def worker_lucidrl(
                 "score": metrics["critic/score/mean"],
                 "format": metrics["reward/format_ok/mean"],
                 "length": metrics["response_length/mean"],
+                "grad_norm": metrics["actor/grad_norm"],  # the total norm before clipping
             }
         )
         if step % every == 0 or step == steps:
@@ -273,13 +288,7 @@ def worker_lucidrl(
             file=sys.stderr,
             flush=True,
         )
-    return {
-        "curve": curve,
-        "step_s": step_s,
-        "train": train,
-        "n_eval": n_eval,
-        "threads": torch.get_num_threads(),
-    }
+    return worker_result(curve, step_s, train, n_eval)
 
 
 def worker_trl(
@@ -331,6 +340,7 @@ def worker_trl(
 
     acc, n_eval = greedy_accuracy(setting.model, setting, n_val)
     curve, step_s, train = [(0, 0.0, acc)], [], []
+    grad_norms: dict[int, float] = {}  # step -> the total norm before clipping, as the Trainer logs it
 
     class Curve(TrainerCallback):
         """Times each step from the end of the one before (generation, scoring, forwards, backwards and
@@ -356,6 +366,10 @@ def worker_trl(
                 tok.save_pretrained(path)
                 curve.append((step, sum(step_s), greedy_accuracy(str(path), setting, n_val)[0]))
             self.last = time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "grad_norm" in logs:
+                grad_norms[state.global_step] = float(logs["grad_norm"])
 
     config = GRPOConfig(
         output_dir=str(work / "trl"),
@@ -409,15 +423,9 @@ def worker_trl(
         sys.exit(
             "TRL was given bf16=True but the model's forward was not wrapped in autocast: it ran float32"
         )
-    return {
-        "curve": curve,
-        "step_s": step_s,
-        "train": train,
-        "n_eval": n_eval,
-        "threads": torch.get_num_threads(),
-        "recipe": r,
-        "bf16_autocast": autocast,
-    }
+    for step, point in enumerate(train, 1):
+        point["grad_norm"] = grad_norms.get(step, float("nan"))
+    return worker_result(curve, step_s, train, n_eval, recipe=r, bf16_autocast=autocast)
 
 
 def run_worker(kind: str, args: argparse.Namespace, data: Path | None, work: Path) -> dict:
@@ -531,16 +539,17 @@ def main() -> None:
     for (step, ls, la), (_, ts, ta) in zip(lucid, trl, strict=True):
         print(f"{step:5d} {la:12.3f} {ls:16.0f} {ta:8.3f} {ts:12.0f}")
     print(
-        "\neach step's training batch (before its update): mean reward, format rate, mean response tokens\n"
-        f"{'step':>5s} {'lucidrl reward':>15s} {'format':>7s} {'tokens':>7s} {'TRL reward':>11s} {'format':>7s} "
-        f"{'tokens':>7s}"
+        "\neach step's training batch (before its update): mean reward, format rate, mean response tokens,\n"
+        "and the update's gradient norm before clipping\n"
+        f"{'step':>5s} {'lucidrl reward':>15s} {'format':>7s} {'tokens':>7s} {'grad':>7s} {'TRL reward':>11s} "
+        f"{'format':>7s} {'tokens':>7s} {'grad':>7s}"
     )
     for step, (lt, tt) in enumerate(
         zip(results["lucidrl"]["train"], results["trl"]["train"], strict=True), 1
     ):
         print(
-            f"{step:5d} {lt['score']:15.3f} {lt['format']:7.3f} {lt['length']:7.1f} {tt['score']:11.3f} "
-            f"{tt['format']:7.3f} {tt['length']:7.1f}"
+            f"{step:5d} {lt['score']:15.3f} {lt['format']:7.3f} {lt['length']:7.1f} {lt['grad_norm']:7.3f} "
+            f"{tt['score']:11.3f} {tt['format']:7.3f} {tt['length']:7.1f} {tt['grad_norm']:7.3f}"
         )
     (steps, ls, la), (_, ts, ta) = lucid[-1], trl[-1]
     print(
