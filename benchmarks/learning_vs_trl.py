@@ -37,8 +37,8 @@ the training. Each framework runs in its own process (`--threads` torch threads)
 the training seconds exclude evaluation. A second table gives each step's training batch on both sides
 (mean reward, format rate, mean response length), where a difference in learning shows before the
 held-out points do, and each update's gradient norm before clipping (lucidrl's `actor/grad_norm`,
-the `grad_norm` TRL's Trainer logs): with one loss on both sides the two should be close, so a gap
-there points at a difference in how the loss is scaled. The last line says when lucidrl's curve first reached TRL's
+the `grad_norm` TRL's Trainer logs): both losses are a token-mean over the step's batch, so the
+two should be close, and a gap would say the two weigh tokens differently. The last line says when lucidrl's curve first reached TRL's
 final accuracy, and the ratio of its training time then to TRL's whole (the goal: at most a third).
 
     .venv/bin/lucidrl demo                                 # writes outputs/demo/model (SmolLM2-135M-Instruct)
