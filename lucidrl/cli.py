@@ -314,6 +314,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         seed=args.seed,
         prompt_key=args.prompt_key,
         reward_function=args.reward,
+        compute_dtype=args.compute_dtype,
     )
     if args.json:  # first: the results are kept whatever printing them does
         out = Path(args.json)
@@ -675,6 +676,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH[:NAME]",
         help="a custom reward function file (as reward.custom_function.path and .name, NAME default "
         "compute_score); default: the built-in rule of each row's data_source",
+    )
+    ev.add_argument(
+        "--compute-dtype",
+        default="float32",
+        help="float32, or bfloat16 to decode under bf16 autocast as a run with model.compute_dtype=bfloat16 "
+        "validates (default float32)",
     )
     ev.set_defaults(fn=_cmd_eval)
 

@@ -100,6 +100,37 @@ def test_cli_prints_the_table_and_writes_json(kk_data, tiny_model, tmp_path, cap
     assert saved["data_sources"]["kk_logic"]["n_prompts_by_people"] == {"2": 2, "3": 2}
 
 
+def test_bf16_compute_decodes_under_autocast_as_a_bf16_run_validates(
+    kk_data, tiny_model, monkeypatch, capsys
+):
+    import torch
+
+    import lucidrl.models as models
+
+    seen: list[torch.dtype] = []
+    load = models.load_model
+
+    def load_watched(path, *args, **kwargs):
+        model = load(path, *args, **kwargs)
+        head = model.get_output_embeddings()
+        head.register_forward_hook(lambda module, inputs, output: seen.append(output.dtype))
+        assert head.weight.dtype == torch.float32  # autocast over float32 weights, not bf16 weights
+        return model
+
+    monkeypatch.setattr(models, "load_model", load_watched)
+    args = dict(k=1, max_new_tokens=4, batch_size=8, limit=2, sampled=False)
+    plain = evaluate(tiny_model["path"], [kk_data["val"]], **args)
+    assert plain["compute_dtype"] == "float32" and set(seen) == {torch.float32}
+    seen.clear()
+    bf16 = evaluate(tiny_model["path"], [kk_data["val"]], compute_dtype="bfloat16", **args)
+    assert bf16["compute_dtype"] == "bfloat16" and set(seen) == {torch.bfloat16}
+    argv = ["eval", tiny_model["path"], "--data", kk_data["val"], "--limit", "2", "--max-new-tokens", "4"]
+    assert main([*argv, "--k", "1", "--compute-dtype", "bfloat16"]) == 0
+    assert "bfloat16 compute" in " ".join(capsys.readouterr().out.split())  # the table says how it decoded
+    assert main([*argv, "--compute-dtype", "float16"]) == 2
+    assert "--compute-dtype='float16'" in capsys.readouterr().err
+
+
 def test_names_with_square_brackets_print_as_they_are(result):
     """rich read a model path's "[red]" as markup (the table named another model) and "[/x]" raised
     MarkupError after the whole evaluation, before --json was written."""

@@ -30,6 +30,10 @@ class EvaluationError(UsageError):
     """An evaluation setting that cannot work (a bad count, a prompt too long for the model)."""
 
 
+# --compute-dtype: the autocast dtype of decoding over float32 weights (None: none)
+COMPUTE_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "bfloat16": torch.bfloat16}
+
+
 def _check_settings(
     k: int, temperature: float, max_new_tokens: int, limit: int | None, batch_size: int
 ) -> None:
@@ -138,6 +142,7 @@ def evaluate(
     prompt_key: str = "prompt",
     reward_function: str | None = None,
     sampled: bool = True,
+    compute_dtype: str = "float32",
 ) -> dict[str, Any]:
     """Generate greedily and k samples per prompt with the model at `model_path`; score; summarise.
 
@@ -158,11 +163,19 @@ def evaluate(
     RNG is left as it was; sampling draws from it seeded with `seed`, in batch order, so sampled
     results also depend on `batch_size`. `reward_function` is "PATH" or "PATH:NAME" of a custom reward
     function (as the trainer's reward.custom_function; NAME defaults to compute_score): a model trained
-    with one is scored by it, not by the built-in rule of its data_source.
+    with one is scored by it, not by the built-in rule of its data_source. `compute_dtype="bfloat16"`
+    decodes under bf16 autocast over float32 weights, as a run with model.compute_dtype=bfloat16
+    validates: greedy decoding can pick other tokens in bf16, so compare a model with a run's own
+    validation in the run's compute dtype.
     """
     from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
 
     _check_settings(k, temperature, max_new_tokens, limit, batch_size)
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise EvaluationError(
+            f"--compute-dtype={compute_dtype!r}: must be one of {', '.join(COMPUTE_DTYPES)} (float32 weights "
+            "computing in float32, or under bf16 autocast as model.compute_dtype=bfloat16 trains)"
+        )
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path)
     check_tokenizer_matches_model(model, tokenizer, model_path)
@@ -184,7 +197,9 @@ def evaluate(
                     f"that passes the model's {positions} positions (max_position_embeddings); lower "
                     f"--max-new-tokens to at most {positions - len(s.input_ids)} or evaluate shorter prompts"
                 )
-    rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size)
+    rollout = HFRollout(
+        model, tokenizer, micro_batch_size=batch_size, compute_dtype=COMPUTE_DTYPES[compute_dtype]
+    )
     path, _, name = (reward_function or "").partition(":")
     reward = RuleRewardManager.from_config(tokenizer, path or None, name or "compute_score")
     if not path:  # the built-in rules: every row's data_source needs one, checked before generating
@@ -234,6 +249,7 @@ def evaluate(
         "temperature": float(temperature),
         "max_new_tokens": max_new_tokens,
         "seed": seed,
+        "compute_dtype": compute_dtype,
         "reward": reward.name,
         "n_prompts": len(samples),
         "seconds": seconds,
@@ -257,7 +273,12 @@ def results_table(result: dict[str, Any], data_source: str) -> Any:
     table = Table(
         title=escape(f"{data_source}: {entry['n_prompts']} prompts, {result['model']}"),
         caption=f"sampled: {k} samples per prompt at temperature {result['temperature']:g}; "
-        f"up to {result['max_new_tokens']} new tokens",
+        f"up to {result['max_new_tokens']} new tokens"
+        + (
+            ""
+            if result.get("compute_dtype", "float32") == "float32"
+            else f"; {result['compute_dtype']} compute"
+        ),
     )
     table.add_column("mode")
     for p in people:
