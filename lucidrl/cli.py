@@ -428,6 +428,14 @@ def _cmd_experiment_scarce_labels(args: argparse.Namespace) -> int:
                 "model folder (e.g. from `lucidrl model get smollm2-135m-instruct --out DIR`)"
             )
         chosen["model"] = args.model
+    for seconds, steps in (("sft_s", "sft_steps"), ("rl_s", "rl_steps")):
+        if getattr(args, steps) is not None:
+            if seconds in chosen:
+                raise UsageError(
+                    f"lucidrl experiment scarce-labels: --{seconds.replace('_s', '-seconds')} and "
+                    f"--{steps.replace('_', '-')} are two budgets for one phase; give one"
+                )
+            chosen[steps] = getattr(args, steps)
     plan = ScarceLabelsPlan(**chosen)
     if plan.people == 2 and plan.labelled + plan.unlabelled + plan.val > TWO_PERSON_PUZZLES:
         raise UsageError(
@@ -511,6 +519,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--sft-seconds", dest="sft_s", type=float, help="SFT before the branches (default 300)"
     )
     scarce.add_argument("--rl-seconds", dest="rl_s", type=float, help="each branch's time (default 360)")
+    scarce.add_argument(
+        "--sft-steps", type=int, help="SFT before the branches for this many steps instead of --sft-seconds"
+    )
+    scarce.add_argument(
+        "--rl-steps",
+        type=int,
+        help="GRPO for this many steps instead of --rl-seconds; the baseline then trains as long as they took",
+    )
     scarce.add_argument("--hidden", type=int, help="model width (default 128)")
     scarce.add_argument("--layers", type=int, help="model depth (default 2)")
     scarce.add_argument(

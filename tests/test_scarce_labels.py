@@ -29,7 +29,7 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
 
     monkeypatch.setattr(lucidrl.trainer.evaluation, "evaluate", spy)
     plan = ScarceLabelsPlan(
-        labelled=24, unlabelled=16, val=8, sft_s=3, rl_s=3, hidden=64, layers=2,
+        labelled=24, unlabelled=16, val=8, sft_steps=4, rl_steps=2, hidden=64, layers=2,
         sft_batch=8, rl_prompts=4, rl_n=4, max_new_tokens=48, eval_k=2, renderings=2, pool_renderings=2,
         sft_curve_every=3, rl_curve_every=1,
     )  # fmt: skip
@@ -68,7 +68,17 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
     baseline = yaml.safe_load((seed_dir / "sft_only" / "config.yaml").read_text())["trainer"]
     assert baseline["resume_mode"] == "resume_path" and baseline["resume_from_path"] == str(seed_dir / "sft")
     r = results[0]
-    assert r.rl_steps >= 1 and r.sft_only_steps >= 1
+    # budgets in steps: exactly that many (no collapse in two steps), whatever the machine's speed; the
+    # baseline trains for as long as GRPO's steps took, by the clock its learning curve uses
+    assert (r.sft_steps, r.rl_steps) == (4, 2) and r.sft_only_steps >= 1
+    grpo_step_s = [
+        json.loads(line).get("timing_s/step") for line in (seed_dir / "grpo" / "metrics.jsonl").open()
+    ]
+    assert (
+        r.baseline_s == pytest.approx(sum(t for t in grpo_step_s if t))
+        and baseline["max_time_s"] == r.baseline_s
+    )
+    assert yaml.safe_load((seed_dir / "grpo" / "config.yaml").read_text())["trainer"]["max_time_s"] is None
     # its steps carry on from the first phase's (optimizer, schedule and data position restored)
     logged = [json.loads(line)["step"] for line in (seed_dir / "sft_only" / "metrics.jsonl").open()]
     assert logged[0] == r.sft_steps + 1 and logged[-1] == r.sft_steps + r.sft_only_steps
@@ -132,6 +142,11 @@ def test_demo_runs_both_branches_from_one_checkpoint(tmp_path, capsys, monkeypat
     assert "the bar (>= 20 points over both the start and SFT alone, in 3 of 3 distinct seeds" in said
     assert "NOT MET (1 distinct seed(s)" in said
     assert "on the RL prompts greedy" in out and "on RL prompts" in out
+    assert "SFT on the labelled traces for 4 steps" in out and "for 2 steps" in out
+    assert (
+        "budget per seed: SFT 4 steps + GRPO 2 steps (the baseline: SFT 4 steps + the time GRPO's steps took)"
+        in said
+    )
     squeezed = "".join(out.split())  # rich breaks a long path anywhere
     assert (
         f"resumedfrom{seed_dir / 'sft' / 'checkpoints'}/global_step_{r.sft_steps}afterstep{r.sft_steps}:"
@@ -311,6 +326,32 @@ def test_a_pretrained_start_gets_rates_and_micro_batches_of_its_own():
     files["labelled"] = "l.parquet"
     assert sft_config("m", files, Path("r"), pretrained, 0, 10.0)["head_chunk_tokens"] == 1024
     assert sft_config("m", files, Path("r"), scratch, 0, 10.0)["head_chunk_tokens"] == 0
+
+
+def test_budgets_in_steps_end_the_phases_by_steps_and_are_refused_when_doubled(tmp_path, capsys):
+    files = {"labelled": "l.parquet", "unlabelled": "u.parquet"}
+    timed, counted = ScarceLabelsPlan(), ScarceLabelsPlan(sft_steps=30, rl_steps=20)
+    sft, grpo = (
+        sft_config("m", files, Path("r"), counted, 0, 300.0, steps=30),
+        grpo_config("m", files, Path("r"), counted, 0),
+    )
+    assert (sft["trainer"]["total_training_steps"], sft["trainer"]["max_time_s"]) == (30, None)
+    assert (grpo["trainer"]["total_training_steps"], grpo["trainer"]["max_time_s"]) == (20, None)
+    sft, grpo = (
+        sft_config("m", files, Path("r"), timed, 0, 300.0),
+        grpo_config("m", files, Path("r"), timed, 0),
+    )
+    assert (sft["trainer"]["total_training_steps"], sft["trainer"]["max_time_s"]) == (timed.max_steps, 300.0)
+    assert (grpo["trainer"]["total_training_steps"], grpo["trainer"]["max_time_s"]) == (
+        timed.max_steps,
+        360.0,
+    )
+    out = str(tmp_path / "x")
+    assert main(["experiment", "scarce-labels", "--out", out, "--rl-seconds", "60", "--rl-steps", "5"]) == 2
+    assert "--rl-seconds and --rl-steps are two budgets for one phase" in capsys.readouterr().err
+    assert main(["experiment", "scarce-labels", "--out", out, "--sft-steps", "0"]) == 2
+    assert "--sft-steps must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_bf16_compute_only_for_a_pretrained_start_on_a_cpu_with_native_bf16(monkeypatch):

@@ -8,8 +8,9 @@ Labelled reasoning is scarce, a checker is cheap: can RL turn the checker into a
    times under fresh names: data/kk/augment.py), the rest of the training pool is used as prompts
    only, scored by the K&K verifier; 100 held-out puzzles for validation;
 2. a tiny Qwen2 built from scratch with a local tokenizer;
-3. SFT on the labelled set for `sft_s` seconds: the RL starting point;
-4. from that checkpoint, two branches of equal wall time `rl_s`:
+3. SFT on the labelled set for `sft_s` seconds (or `sft_steps` steps): the RL starting point;
+4. from that checkpoint, two branches of equal wall time `rl_s` (or GRPO for `rl_steps` steps and the
+   baseline for the time those steps took: GRPO's step times summed):
    a. GRPO on the unlabelled prompts with the verifier (KL loss, PPO clip, warm-up, collapse
       detection that stops the run and falls back to the last healthy weights);
    b. the baseline: the SFT run resumed (optimizer, schedule, data position) on the same labelled set;
@@ -72,6 +73,11 @@ class ScarceLabelsPlan:
     # on 2 cores (a 4.1M one is still at chance then)
     sft_s: float = 300.0
     rl_s: float = 360.0  # each branch's wall time
+    # budgets in steps instead, so the phases do the same work on a busy or a slow machine: the first SFT
+    # phase runs sft_steps steps; GRPO runs rl_steps steps, and the baseline then trains for as long as
+    # they took (their step times summed: the branches stay of equal wall time). None: the seconds above
+    sft_steps: int | None = None
+    rl_steps: int | None = None
     # a model folder to start from (e.g. SmolLM2-135M-Instruct from `lucidrl model get`); None: a tiny
     # Qwen2 of `hidden` x `layers` built from scratch with a K&K tokenizer
     model: str | None = None
@@ -103,9 +109,16 @@ class ScarceLabelsPlan:
     # are done, outside their time budgets); 0: no curves
     sft_curve_every: int | None = None
     rl_curve_every: int | None = None
-    max_steps: int = 10_000  # the time budgets end the phases; this only bounds them
+    max_steps: int = 10_000  # the time budgets end the phases (without step budgets); this only bounds them
 
     def __post_init__(self) -> None:
+        for key in ("sft_steps", "rl_steps"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise UsageError(
+                    f"lucidrl experiment scarce-labels: --{key.replace('_', '-')} must be an integer >= 1, "
+                    f"got {value!r}"
+                )
         if self.people not in PEOPLE_DEFAULTS:
             raise UsageError(
                 f"lucidrl experiment scarce-labels: --people {self.people}: the experiment runs 2- or 3-person puzzles (a 4-person "
@@ -145,6 +158,7 @@ class SeedResult:
         None  # the step whose weights were evaluated, when a collapse restored them
     )
     sft_only_steps: int = 0
+    baseline_s: float = 0.0  # the baseline's budget: rl_s, or under rl_steps GRPO's step times summed
     pool_drawn: int = 0  # distinct pool puzzles GRPO drew (the "on RL prompts" column: up to POOL_EVAL_MAX)
     collapse: str | None = None
     saturation: str | None = None  # GRPO stopped because its prompts were solved (trainer/collapse.py)
@@ -230,10 +244,11 @@ def write_data(out: Path, plan: ScarceLabelsPlan, seed: int) -> dict[str, str]:
 
 def sft_config(
     model: str, files: dict, run_dir: Path, plan: ScarceLabelsPlan, seed: int, seconds: float,
-    resume_from: Path | None = None,
+    resume_from: Path | None = None, steps: int | None = None,
 ) -> dict:  # fmt: skip
     """The first SFT phase (checkpointed at its last step), or with `resume_from` the baseline: that
-    run continued, with its AdamW moments, LR schedule, data position and RNG."""
+    run continued, with its AdamW moments, LR schedule, data position and RNG. It ends after `seconds`
+    of training, or with `steps` after that many steps."""
     # a save at the last step (the baseline resumes it), and one every sft_curve_every steps for the curve
     every = plan.sft_curve_every or plan.max_steps
     checkpoints = {"save_freq": every, "max_ckpt_to_keep": None if plan.sft_curve_every else 1}
@@ -252,8 +267,8 @@ def sft_config(
             "experiment_name": "scarce-labels-sft",
             "run_dir": str(run_dir),
             "overwrite": True,
-            "total_training_steps": plan.max_steps,
-            "max_time_s": seconds,
+            "total_training_steps": steps or plan.max_steps,
+            "max_time_s": None if steps else seconds,
             "seed": seed,
             **checkpoints,
         },
@@ -288,8 +303,8 @@ def grpo_config(model: str, files: dict, run_dir: Path, plan: ScarceLabelsPlan, 
             "experiment_name": "scarce-labels-grpo",
             "run_dir": str(run_dir),
             "overwrite": True,
-            "total_training_steps": plan.max_steps,
-            "max_time_s": plan.rl_s,
+            "total_training_steps": plan.rl_steps or plan.max_steps,
+            "max_time_s": None if plan.rl_steps else plan.rl_s,
             "val_before_train": False,
             "seed": seed,
             "save_freq": plan.rl_curve_every or 0,
@@ -425,8 +440,14 @@ def run_seed(out: Path, plan: ScarceLabelsPlan, seed: int, console: Console) -> 
         f"{described}"
     )
 
-    def sft(model_path: str, run_dir: Path, seconds: float, resume_from: Path | None = None) -> int:
-        cfg = sft_config(model_path, files, run_dir, plan, seed, seconds, resume_from)
+    def sft(
+        model_path: str,
+        run_dir: Path,
+        seconds: float,
+        resume_from: Path | None = None,
+        steps: int | None = None,
+    ) -> int:
+        cfg = sft_config(model_path, files, run_dir, plan, seed, seconds, resume_from, steps)
         trainer = SFTTrainer(
             config_from_dict(cfg, source="lucidrl experiment scarce-labels", schema=SFTConfig)
         )
@@ -434,15 +455,17 @@ def run_seed(out: Path, plan: ScarceLabelsPlan, seed: int, console: Console) -> 
         return trainer.global_step
 
     lap("data_and_model")
-    console.print(f"  SFT on the labelled traces for {plan.sft_s:.0f} s")
-    res.sft_steps = sft(model["path"], out / "sft", plan.sft_s)
+    console.print(f"  SFT on the labelled traces for {_budget(plan.sft_steps, plan.sft_s)}")
+    res.sft_steps = sft(model["path"], out / "sft", plan.sft_s, steps=plan.sft_steps)
     lap("sft")
     start_model = out / "sft" / "final"
     res.start = _accuracy(start_model, files, plan, seed)  # its pool accuracy once GRPO has drawn
     lap("start_eval")
     console.print(f"  start (SFT checkpoint, {res.sft_steps} steps): {_line(res.start)}")
 
-    console.print(f"  a. GRPO on the unlabelled puzzles with the verifier for {plan.rl_s:.0f} s")
+    console.print(
+        f"  a. GRPO on the unlabelled puzzles with the verifier for {_budget(plan.rl_steps, plan.rl_s)}"
+    )
     trainer = PPOTrainer(config_from_dict(grpo_config(str(start_model), files, out / "grpo", plan, seed)))
     trainer.announce()
     trainer.fit()
@@ -478,14 +501,18 @@ def run_seed(out: Path, plan: ScarceLabelsPlan, seed: int, console: Console) -> 
     # the first SFT run resumed from its last step, so SFT alone is one run of sft_s + rl_s: its AdamW
     # moments, LR schedule and place in the shuffled epochs carry on (a fresh run from the start
     # weights would warm up again and replay the first phase's batch order)
+    # the branches' equal wall time: under a step budget, the time GRPO's steps took (the clock the
+    # learning curves use), with or without the collapse guard's early stop
+    res.baseline_s = plan.rl_s if plan.rl_steps is None else _train_s(out / "grpo")
     console.print(
-        f"  b. baseline: the SFT run resumed on the same labelled traces for {plan.rl_s:.0f} s more"
+        f"  b. baseline: the SFT run resumed on the same labelled traces for {res.baseline_s:.0f} s more"
+        + (" (as long as GRPO's steps took)" if plan.rl_steps is not None else "")
     )
     # model.path as in the first run (a key its checkpoint holds to); the weights come from the checkpoint.
     # A resume into another folder may not empty it (trainer.overwrite), and a previous demo's baseline
     # may be there: the demo owns out/, so it clears that folder itself
     shutil.rmtree(out / "sft_only", ignore_errors=True)
-    resumed = sft(model["path"], out / "sft_only", plan.rl_s, resume_from=out / "sft")
+    resumed = sft(model["path"], out / "sft_only", res.baseline_s, resume_from=out / "sft")
     res.sft_only_steps = resumed - res.sft_steps
     lap("baseline")
     res.sft_only = _accuracy(out / "sft_only" / "final", files, plan, seed)
@@ -516,6 +543,18 @@ def run_seed(out: Path, plan: ScarceLabelsPlan, seed: int, console: Console) -> 
         lap("curves")
     res.seconds["total"] = time.perf_counter() - t0
     return res
+
+
+def _budget(steps: int | None, seconds: float) -> str:
+    return f"{steps} steps" if steps is not None else f"{seconds:.0f} s"
+
+
+def _train_s(run_dir: Path) -> float:
+    """A run's step times summed (metrics.jsonl's timing_s/step, as learning_curve reads them): its
+    training time, evaluation and checkpoint saves left out."""
+    from lucidrl.trainer.report import read_metrics
+
+    return sum(dict(read_metrics(run_dir / "metrics.jsonl").series.get("timing_s/step", [])).values())
 
 
 def _share(value: float | None) -> str:
@@ -617,10 +656,12 @@ def run_experiment(out: Path, seeds: list[int], plan: ScarceLabelsPlan | None = 
         f"{v['wins']} beat both, the slowest RL path {slowest:.0f} s)"
     )
     per_seed = statistics.mean(r.seconds["total"] for r in results)
+    sft_budget, rl_budget = _budget(plan.sft_steps, plan.sft_s), _budget(plan.rl_steps, plan.rl_s)
+    baseline = f"{plan.rl_s:.0f} s" if plan.rl_steps is None else "the time GRPO's steps took"
     console.print(
-        f"budget per seed: SFT {plan.sft_s:.0f} s + GRPO {plan.rl_s:.0f} s (the baseline: SFT {plan.sft_s:.0f} + "
-        f"{plan.rl_s:.0f} s); wall time {time.perf_counter() - start:.0f} s ({per_seed:.0f} s per seed, "
-        f"evaluation and the baseline included)"
+        f"budget per seed: SFT {sft_budget} + GRPO {rl_budget} (the baseline: SFT {sft_budget} + {baseline}); "
+        f"wall time {time.perf_counter() - start:.0f} s ({per_seed:.0f} s per seed, evaluation and the "
+        "baseline included)"
     )
     console.print(escape(f"results: {out / 'results.json'}; runs under {out}/seed*/ (sft, grpo, sft_only)"))
     return results
