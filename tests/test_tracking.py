@@ -155,6 +155,29 @@ def test_a_run_that_raises_is_marked_failed_and_the_next_one_gets_its_own_run(tm
     assert second != first and MlflowClient().get_run(second).info.status == "FINISHED"
 
 
+def test_a_run_stopped_by_a_signal_is_killed_in_mlflow_and_preempting_in_wandb(tmp_path, trackers_offline):
+    """Ctrl-C and SIGTERM save and say how to resume: the trackers are told the run was stopped, not that
+    it failed (MLflow KILLED; W&B preempting, with the shell's exit code 128 + the signal)."""
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    from lucidrl.trainer.interrupt import RunInterrupted
+
+    called = []
+    with pytest.raises(RunInterrupted):
+        with Tracker(["mlflow", "wandb"], tmp_path, project="p", experiment="a") as tracker:
+            mlflow_run = next(t.run_id for t in tracker.external if hasattr(t, "run_id"))
+            wandb_run = next(t.run for t in tracker.external if hasattr(t, "run"))
+            preempting, finish = wandb_run.mark_preempting, wandb_run.finish
+            wandb_run.mark_preempting = lambda: (called.append("preempting"), preempting())[1]
+            wandb_run.finish = lambda exit_code: (called.append(exit_code), finish(exit_code=exit_code))[1]
+            tracker.log({"x": 1.0}, step=1)
+            raise RunInterrupted(signal.SIGTERM, "stopped after step 1; saved")
+    assert MlflowClient().get_run(mlflow_run).info.status == "KILLED"
+    assert called == ["preempting", 143]
+
+
 @pytest.mark.parametrize(
     "key, name",
     [

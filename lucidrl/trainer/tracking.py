@@ -50,6 +50,9 @@ def _fmt(v: float) -> str:
 
 IDS_FILE = "tracking_runs.json"
 
+# how a run ended, as the trackers are told (Tracker.close)
+FINISHED, FAILED, INTERRUPTED = "finished", "failed", "interrupted"
+
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
     """The metrics a tracker can plot: numbers (NaN kept: it is news), not None or text."""
@@ -70,7 +73,7 @@ class _TensorBoard:
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
-    def close(self, failed: bool) -> None:
+    def close(self, outcome: str, exit_code: int) -> None:
         self.writer.close()
 
 
@@ -104,8 +107,10 @@ class _Wandb:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step, commit=True)  # a step is complete when the trainer logs it
 
-    def close(self, failed: bool) -> None:
-        self.run.finish(exit_code=1 if failed else 0)
+    def close(self, outcome: str, exit_code: int) -> None:
+        if outcome == INTERRUPTED:  # stopped by a signal after saving: to be resumed, not failed
+            self.run.mark_preempting()
+        self.run.finish(exit_code=exit_code)
 
 
 # MLflow refuses metric names outside these characters, and names that are not normalised paths
@@ -183,8 +188,9 @@ class _MLflow:
         for start in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics a call
             self.client.log_batch(self.run_id, metrics=batch[start : start + 1000])
 
-    def close(self, failed: bool) -> None:
-        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
+    def close(self, outcome: str, exit_code: int) -> None:
+        status = {FINISHED: "FINISHED", FAILED: "FAILED", INTERRUPTED: "KILLED"}[outcome]
+        self.client.set_terminated(self.run_id, status=status)
 
 
 class Tracker:
@@ -205,7 +211,8 @@ class Tracker:
         """`resumed_step`: the run continues in `run_dir` after that step, so W&B and MLflow continue the
         runs they logged to and TensorBoard drops its events of later steps (they are trained again).
 
-        Use it as a context manager around training: a run that raises is marked failed in W&B and MLflow.
+        Use it as a context manager around training: a run that raises is marked failed in W&B and MLflow,
+        one stopped by Ctrl-C or SIGTERM (which saves first) preempting in W&B and KILLED in MLflow.
         """
         self.backends = backends
         self.console_keys = console_keys or CONSOLE_KEYS
@@ -230,7 +237,7 @@ class Tracker:
             # the ids of the runs already created kept for the next start to continue
             if ids:
                 ids_path.write_text(json.dumps(ids, indent=2) + "\n")
-            self.close(failed=True)
+            self.close(FAILED)
             raise
         if ids:
             ids_path.write_text(json.dumps(ids, indent=2) + "\n")
@@ -279,15 +286,25 @@ class Tracker:
                     + "  ".join(f"{k[4:]}={_fmt(v)}" for k, v in sorted(val.items()))
                 )
 
-    def close(self, failed: bool = False) -> None:
+    def close(self, outcome: str = FINISHED, exit_code: int | None = None) -> None:
+        """Close every backend, telling W&B and MLflow how the run ended: FINISHED, FAILED, or INTERRUPTED
+        (Ctrl-C or SIGTERM: W&B's run marked preempting, MLflow's KILLED). `exit_code`: the process's,
+        for W&B (default 0 when finished, else 1)."""
+        if exit_code is None:
+            exit_code = 0 if outcome == FINISHED else 1
         if self.jsonl is not None and not self.jsonl.closed:
             self.jsonl.close()
         for tracker in self.external:
-            tracker.close(failed)
+            tracker.close(outcome, exit_code)
         self.external = []
 
     def __enter__(self) -> Tracker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(failed=exc_type is not None)
+        if exc_type is None:
+            self.close(FINISHED)
+        elif issubclass(exc_type, KeyboardInterrupt):  # interrupt.RunInterrupted is one
+            self.close(INTERRUPTED, getattr(exc, "exit_code", 130))
+        else:
+            self.close(FAILED)
