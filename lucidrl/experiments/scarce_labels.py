@@ -382,9 +382,8 @@ def learning_curve(
     """
     from lucidrl.trainer.checkpoint import saved_steps
     from lucidrl.trainer.evaluation import evaluate
-    from lucidrl.trainer.report import read_metrics
 
-    step_s = dict(read_metrics(run_dir / "metrics.jsonl").series.get("timing_s/step", []))
+    step_s = _step_times(run_dir)
 
     def train_s(step: int) -> float:
         return start_s + sum(t for s, t in step_s.items() if s <= step)
@@ -503,7 +502,7 @@ def run_seed(out: Path, plan: ScarceLabelsPlan, seed: int, console: Console) -> 
     # weights would warm up again and replay the first phase's batch order)
     # the branches' equal wall time: under a step budget, the time GRPO's steps took (the clock the
     # learning curves use), with or without the collapse guard's early stop
-    res.baseline_s = plan.rl_s if plan.rl_steps is None else _train_s(out / "grpo")
+    res.baseline_s = plan.rl_s if plan.rl_steps is None else sum(_step_times(out / "grpo").values())
     console.print(
         f"  b. baseline: the SFT run resumed on the same labelled traces for {res.baseline_s:.0f} s more"
         + (" (as long as GRPO's steps took)" if plan.rl_steps is not None else "")
@@ -549,12 +548,12 @@ def _budget(steps: int | None, seconds: float) -> str:
     return f"{steps} steps" if steps is not None else f"{seconds:.0f} s"
 
 
-def _train_s(run_dir: Path) -> float:
-    """A run's step times summed (metrics.jsonl's timing_s/step, as learning_curve reads them): its
-    training time, evaluation and checkpoint saves left out."""
+def _step_times(run_dir: Path) -> dict[int, float]:
+    """{step: seconds} from a run's metrics.jsonl (timing_s/step): its training time, evaluation and
+    checkpoint saves left out."""
     from lucidrl.trainer.report import read_metrics
 
-    return sum(dict(read_metrics(run_dir / "metrics.jsonl").series.get("timing_s/step", [])).values())
+    return dict(read_metrics(run_dir / "metrics.jsonl").series.get("timing_s/step", []))
 
 
 def _share(value: float | None) -> str:
