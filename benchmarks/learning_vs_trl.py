@@ -9,7 +9,8 @@ Two settings (`--setting`), each with lucidrl's own config for it and TRL given 
   (`lucidrl.demo.run.grpo_config` with a default `DemoPlan`): 16 prompts x 8 samples per step, T=1,
   <= 64 new tokens, lr 2e-5 with a 3-step warm-up, no KL (no reference model), full fine-tuning, one
   optimizer step per generation batch, bf16 compute over float32 weights, token-mean loss, PPO clip
-  0.2, grad clip 1. Reward: `lucidrl.rewards.word_problems` (1 for the right number, else 0).
+  0.2, grad clip 1, no forward for tied groups (actor.skip_zero_advantage: the same gradient, which
+  `grpo_gradient_vs_trl.py` checks against TRL's loss). Reward: `lucidrl.rewards.word_problems` (1 for the right number, else 0).
 - `kk` (with --from-demo): the scarce-label experiment's SFT checkpoint on its unlabelled K&K puzzles
   (2-person, or 3-person from `lucidrl experiment scarce-labels --people 3`), lucidrl's Logic-RL K&K
   reward on "<think>" + completion, 16 x 8 samples, <= the experiment's response length (160 new
@@ -252,6 +253,62 @@ def worker_result(curve: list, step_s: list[float], train: list[dict], n_eval: i
     }
 
 
+def trl_dataset(setting: Setting, tok):
+    """The setting's training rows as TRL's dataset: prompt, ground_truth and extra_info columns."""
+    import datasets
+    import pyarrow.parquet as pq
+
+    from lucidrl.data.prompt_format import render_chat
+
+    rows = pq.read_table(setting.train).to_pylist()
+    # the prompt as lucidrl renders it, a plain string: TRL renders chat messages with
+    # add_generation_prompt only, so K&K rows' pre-filled "<think>" turn was closed and a new assistant
+    # turn opened (7 tokens more, a format the SFT checkpoint never saw); its string path gives the same ids
+    return datasets.Dataset.from_list(
+        [
+            {
+                "prompt": render_chat(tok, row["prompt"])[0],
+                "ground_truth": row["reward_model"]["ground_truth"],
+                "extra_info": json.dumps(row.get("extra_info")),  # a string: K&K's and ours differ in fields
+            }
+            for row in rows
+        ]
+    )
+
+
+def trl_grpo_config(r: dict, output_dir: Path, steps: int, seed: int):
+    """TRL's GRPOConfig for `recipe`'s settings: one generation batch, and one optimizer step, a step."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        bf16=r["bf16"],  # accelerate's autocast around the model's forward; float32 weights and AdamW state
+        gradient_checkpointing=False,  # TRL's GRPOConfig turns it on by default: recompute costs time
+        max_steps=steps,
+        per_device_train_batch_size=r["micro_batch"],
+        gradient_accumulation_steps=r["prompts"] * r["n"] // r["micro_batch"],  # one generation batch a step
+        num_generations=r["n"],
+        max_completion_length=r["max_new"],
+        learning_rate=r["lr"],
+        max_grad_norm=r["grad_clip"],
+        beta=r["kl"],
+        use_bias_correction_kl=False,  # TRL's default multiplies the k3 term by the ratio; lucidrl's is plain k3
+        epsilon=r["clip"],
+        loss_type="dapo",  # token-mean over the step's batch, lucidrl's token-mean
+        scale_rewards="group",  # GRPO's advantage: (score - group mean) / group std
+        temperature=r["temperature"],
+        top_p=1.0,
+        top_k=0,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=seed,
+    )
+
+
 # -- workers: each runs in its own process and prints one JSON line -------------------------------------
 
 
@@ -294,31 +351,15 @@ def worker_lucidrl(
 def worker_trl(
     setting: Setting, steps: int, every: int, n_val: int | None, work: Path, threads: int, seed: int
 ) -> dict:
-    import datasets
-    import pyarrow.parquet as pq
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from lucidrl.config.schema import OptimConfig
-    from lucidrl.data.prompt_format import render_chat
     from lucidrl.workers.optim import build_optimizer
 
     r = recipe(lucidrl_config(setting, steps, work / "lucidrl", threads))
-    rows = pq.read_table(setting.train).to_pylist()
     tok = AutoTokenizer.from_pretrained(setting.model)
-    # the prompt as lucidrl renders it, a plain string: TRL renders chat messages with
-    # add_generation_prompt only, so K&K rows' pre-filled "<think>" turn was closed and a new assistant
-    # turn opened (7 tokens more, a format the SFT checkpoint never saw); its string path gives the same ids
-    dataset = datasets.Dataset.from_list(
-        [
-            {
-                "prompt": render_chat(tok, row["prompt"])[0],
-                "ground_truth": row["reward_model"]["ground_truth"],
-                "extra_info": json.dumps(row.get("extra_info")),  # a string: K&K's and ours differ in fields
-            }
-            for row in rows
-        ]
-    )
+    dataset = trl_dataset(setting, tok)
     # lucidrl's model.dtype, and its model.attn_implementation where the config sets one
     attn = {"attn_implementation": r["attn_implementation"]} if r["attn_implementation"] else {}
     model = AutoModelForCausalLM.from_pretrained(setting.model, dtype=torch.float32, **attn)
@@ -371,33 +412,7 @@ def worker_trl(
             if logs and "grad_norm" in logs:
                 grad_norms[state.global_step] = float(logs["grad_norm"])
 
-    config = GRPOConfig(
-        output_dir=str(work / "trl"),
-        use_cpu=True,
-        bf16=r["bf16"],  # accelerate's autocast around the model's forward; float32 weights and AdamW state
-        gradient_checkpointing=False,  # TRL's GRPOConfig turns it on by default: recompute costs time
-        max_steps=steps,
-        per_device_train_batch_size=r["micro_batch"],
-        gradient_accumulation_steps=r["prompts"] * r["n"] // r["micro_batch"],  # one generation batch a step
-        num_generations=r["n"],
-        max_completion_length=r["max_new"],
-        learning_rate=r["lr"],
-        max_grad_norm=r["grad_clip"],
-        beta=r["kl"],
-        use_bias_correction_kl=False,  # TRL's default multiplies the k3 term by the ratio; lucidrl's is plain k3
-        epsilon=r["clip"],
-        loss_type="dapo",  # token-mean over the step's batch, lucidrl's token-mean
-        scale_rewards="group",  # GRPO's advantage: (score - group mean) / group std
-        temperature=r["temperature"],
-        top_p=1.0,
-        top_k=0,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        seed=seed,
-    )
+    config = trl_grpo_config(r, work / "trl", steps, seed)
     # lucidrl's own AdamW and warm-up (the fused kernel on the CPU; step k from 0 at lr * (k + 1) / warmup),
     # where transformers' constant_with_warmup runs the first step at lr 0 (one step behind all run)
     optimizer, schedule = build_optimizer(

@@ -49,6 +49,7 @@ from lucidrl.algos.registry import (
     list_advantage_estimators,
     list_policy_losses,
     policy_loss_agg_mode,
+    policy_loss_zero_advantage_inert,
     register_advantage_estimator,
     register_policy_loss,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "masked_whiten",
     "overlong_reward_penalty",
     "policy_loss_agg_mode",
+    "policy_loss_zero_advantage_inert",
     "register_advantage_estimator",
     "register_policy_loss",
     "rollout_correction",

@@ -32,7 +32,7 @@ def weighted(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor | None) -
     return pg_losses if rollout_is_weights is None else pg_losses * rollout_is_weights.detach()
 
 
-@register_policy_loss("vanilla")
+@register_policy_loss("vanilla", zero_advantage_inert=True)
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -132,7 +132,7 @@ def check_clip_range(clip_ratio_low: float, clip_ratio_high: float, *, low_below
         )
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", zero_advantage_inert=True)
 def compute_policy_loss_gspo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

@@ -14,7 +14,7 @@ from lucidrl.algos.policy_loss import check_clip_range, check_same_shape, weight
 from lucidrl.algos.registry import register_policy_loss
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", zero_advantage_inert=True)
 def compute_policy_loss_cispo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -80,8 +80,8 @@ def compute_policy_loss_cispo(
     return pg_loss, metrics
 
 
-@register_policy_loss("reinforce")
-@register_policy_loss("gpg")
+@register_policy_loss("reinforce", zero_advantage_inert=True)
+@register_policy_loss("gpg", zero_advantage_inert=True)
 def compute_policy_loss_reinforce(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -139,7 +139,7 @@ def compute_policy_loss_reinforce(
     return pg_loss, metrics
 
 
-@register_policy_loss("sapo", loss_agg_mode="seq-mean-token-mean")
+@register_policy_loss("sapo", loss_agg_mode="seq-mean-token-mean", zero_advantage_inert=True)
 def compute_policy_loss_sapo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

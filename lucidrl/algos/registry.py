@@ -67,6 +67,9 @@ _ADVANTAGE_ESTIMATORS = _Registry("advantage estimator", "register_advantage_est
 _POLICY_LOSSES = _Registry("policy loss", "register_policy_loss")
 # policy losses that aggregate one way whatever actor.loss_agg_mode says (verl: sapo, geo_mean)
 _LOSS_AGG_OF: dict[str, str] = {}
+# policy losses in which a sample whose advantages are all 0 has no gradient and changes no other
+# sample's term (actor.skip_zero_advantage may leave it out of the update's forwards)
+_ZERO_ADVANTAGE_INERT: set[str] = set()
 
 
 def register_advantage_estimator(name: str) -> Callable[[F], F]:
@@ -84,16 +87,28 @@ def list_advantage_estimators() -> list[str]:
     return _ADVANTAGE_ESTIMATORS.names()
 
 
-def register_policy_loss(name: str, loss_agg_mode: str | None = None) -> Callable[[F], F]:
+def register_policy_loss(
+    name: str, loss_agg_mode: str | None = None, zero_advantage_inert: bool = False
+) -> Callable[[F], F]:
     """Decorator registering a policy loss under `name` (the `policy_loss` config value).
 
     `loss_agg_mode`: the aggregation the loss always uses (SAPO's and GMPO's are per sequence); the
     config loader then asks for the same actor.loss_agg_mode, so the entropy and KL terms and the
     micro-batch weights aggregate as the policy loss does.
+    `zero_advantage_inert`: each sample's term is its own (no statistic over the batch) and is 0, with
+    a zero gradient, where its advantages are 0, on-policy or not; then an update may leave such
+    samples out of its forwards and keep their count in the aggregation (actor.skip_zero_advantage).
     """
     if loss_agg_mode is not None:
         _LOSS_AGG_OF[name] = loss_agg_mode
+    if zero_advantage_inert:
+        _ZERO_ADVANTAGE_INERT.add(name)
     return _POLICY_LOSSES.register(name)
+
+
+def policy_loss_zero_advantage_inert(name: str) -> bool:
+    """Whether the policy loss `name` was registered with zero_advantage_inert=True."""
+    return name in _ZERO_ADVANTAGE_INERT
 
 
 def policy_loss_agg_mode(name: str) -> str | None:

@@ -64,6 +64,28 @@ def _check_aggregation(a: ActorConfig) -> None:
         )
 
 
+def _check_skip_zero_advantage(a: ActorConfig) -> None:
+    """actor.skip_zero_advantage leaves samples out of the update: only where they add nothing to it."""
+    from lucidrl import algos
+
+    if not a.skip_zero_advantage:
+        return
+    inert = [n for n in algos.list_policy_losses() if algos.policy_loss_zero_advantage_inert(n)]
+    other_terms = {
+        f"actor.use_kl_loss=true (kl_loss_coef={a.kl_loss_coef})": a.use_kl_loss,
+        f"actor.entropy_coeff={a.entropy_coeff}": a.entropy_coeff != 0,
+        f"actor.policy_loss={a.policy_loss} (one without a batch statistic, zero where the advantage is: "
+        f"{', '.join(inert)})": not algos.policy_loss_zero_advantage_inert(a.policy_loss),
+    }
+    found = [what for what, on in other_terms.items() if on]
+    if found:
+        raise ConfigError(
+            f"actor.skip_zero_advantage=true leaves samples whose advantages are all 0 out of the update, "
+            f"which is exact only when nothing else in the loss reads them, but this run has {'; '.join(found)}; "
+            "drop those settings, or set actor.skip_zero_advantage=false"
+        )
+
+
 def _check_gdpo(alg: AlgorithmConfig) -> None:
     keys, weights = alg.gdpo_reward_keys, alg.gdpo_reward_weights
     if alg.adv_estimator != "gdpo":
@@ -133,6 +155,7 @@ def validate_algorithm(cfg: LucidConfig) -> None:
     """The algorithm keys of a config tree, together (names are checked before this)."""
     _check_loss_keys(cfg.actor)
     _check_aggregation(cfg.actor)
+    _check_skip_zero_advantage(cfg.actor)
     _check_gdpo(cfg.algorithm)
     _check_rollout_correction(cfg)
 

@@ -65,6 +65,8 @@ def grpo_config(model: str, files: dict[str, str], run_dir: Path, plan: DemoPlan
             "use_kl_loss": kl,
             "kl_loss_coef": plan.kl_coef if kl else 0.001,
             "kl_loss_type": "low_var_kl",
+            # groups whose samples all scored alike have no gradient: no forward for them (exact)
+            "skip_zero_advantage": not kl,
         },
         "algorithm": {"adv_estimator": "grpo"},
         **({"reward": {"custom_function": {"path": files["reward"]}}} if "reward" in files else {}),

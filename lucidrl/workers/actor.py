@@ -277,6 +277,22 @@ class ActorWorker:
         agg = agg_loss(entropy, mask, self.cfg.loss_agg_mode, self.cfg.loss_scale_factor)
         return share * float(agg), token_mean
 
+    @staticmethod
+    def _samples_with_gradient(mb: Batch) -> Batch:
+        """The samples of `mb` with a non-zero advantage on some loss token (actor.skip_zero_advantage):
+        under the policy losses that allow it the others add nothing to the loss or its gradient."""
+        has = ((mb["advantages"] != 0) & loss_mask(mb).bool()).any(-1)
+        return mb if bool(has.all()) else mb.select(has.nonzero().squeeze(-1))
+
+    @staticmethod
+    def _gap_over_kept(metrics: dict[str, float], shares: list[float]) -> None:
+        """The rollout gap, summed over the kept micro-batches by their shares of the whole mini-batch's
+        tokens, as the mean over the kept tokens. The policy loss's metrics stay as they are: a left-out
+        sample's clip fraction is 0, and on-policy its ppo_kl too."""
+        kept_tokens = sum(shares)
+        if "rollout/logprob_diff_mean" in metrics and kept_tokens > 0:
+            metrics["rollout/logprob_diff_mean"] /= kept_tokens
+
     def _micro_batches(self, mb: Batch) -> list[Batch]:
         """Length-sorted, padding-trimmed micro-batches (plain consecutive chunks with the option off) of
         ppo_micro_batch_size samples, or of at most ppo_max_token_len_per_gpu tokens (use_dynamic_bsz)."""
@@ -311,7 +327,9 @@ class ActorWorker:
 
         def step_mini_batch(mb: Batch, mb_metrics: dict[str, float]) -> None:
             nonlocal entropy, entropy_per_token
-            ubs = self._micro_batches(mb)
+            kept = self._samples_with_gradient(mb) if cfg.skip_zero_advantage else mb
+            ubs = self._micro_batches(kept) if len(kept) else []
+            # shares of the whole mini-batch: samples left out still count in the token or sequence mean
             weights = self._loss_weights(mb, ubs)
             # each micro-batch's metrics times its loss weight: summed, the mini-batch's; averaged
             # over ranks, the mini-batch's across all of them (a plain mean of micro-batch or rank
@@ -320,10 +338,23 @@ class ActorWorker:
             entropies = [
                 self._micro_step(ub, w, mb_metrics, t) for ub, w, t in zip(ubs, weights, shares, strict=True)
             ]
-            if entropy is None:
+            if cfg.skip_zero_advantage:
+                mb_metrics["actor/zero_advantage_skipped"] += (len(mb) - len(kept)) / len(mb)
+                self._gap_over_kept(mb_metrics, shares)
+                if not ubs:  # a zero gradient, so AdamW still takes its step as the full update would
+                    for param in self.model.parameters():
+                        if param.requires_grad:
+                            param.grad = torch.zeros_like(param)
+            if entropy is None and ubs:
                 entropy = sum(w * float(e) for w, (e, _) in zip(weights, entropies, strict=True))
                 if self._per_token_metrics:
                     entropy_per_token = sum(t * float(e) for t, (_, e) in zip(shares, entropies, strict=True))
+                if (
+                    cfg.skip_zero_advantage and cfg.loss_agg_mode != "token-sum"
+                ):  # a mean over the kept samples
+                    entropy /= sum(weights)
+                    if entropy_per_token is not None:
+                        entropy_per_token /= sum(shares)
 
         outcome = run_update(
             batch,
@@ -341,7 +372,10 @@ class ActorWorker:
         out = update_metrics(outcome, "actor", lr)
         if cfg.use_kl_loss:
             out.same("actor/kl_coef", cfg.kl_loss_coef)
-        out.mean("actor/entropy", entropy)
+        if (
+            entropy is not None
+        ):  # None: every sample of an on-policy update was left out (skip_zero_advantage)
+            out.mean("actor/entropy", entropy)
         if entropy_per_token is not None:
             out.mean("actor/entropy_token_mean", entropy_per_token)
         if own_old and "rollout/logprob_diff_mean" in out:
