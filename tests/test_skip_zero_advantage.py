@@ -104,6 +104,8 @@ def test_an_update_with_nothing_to_learn_still_steps_adamw(kk_data, tiny_model, 
     assert _max_diff(full, kept) < 1e-6, _max_diff(full, kept)
     assert m_kept[0]["actor/zero_advantage_skipped"] == 1.0 and m_kept[0]["actor/grad_norm"] == 0.0
     assert "actor/entropy" not in m_kept[0] and "actor/entropy" in m_full[0]
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl"):  # as the full update logs them
+        assert m_kept[0][key] == m_full[0][key] == 0.0, key
 
 
 def _row_gradients(fn, mode, rows, old, adv, mask):

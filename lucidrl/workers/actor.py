@@ -341,17 +341,25 @@ class ActorWorker:
             if cfg.skip_zero_advantage:
                 mb_metrics["actor/zero_advantage_skipped"] += (len(mb) - len(kept)) / len(mb)
                 self._gap_over_kept(mb_metrics, shares)
-                if not ubs:  # a zero gradient, so AdamW still takes its step as the full update would
+                if not ubs:
+                    # a zero gradient, so AdamW still takes its step as the full update would, and the
+                    # zero loss and clip fractions the full update would log
                     for param in self.model.parameters():
                         if param.requires_grad:
                             param.grad = torch.zeros_like(param)
+                    for key in (
+                        "actor/pg_loss",
+                        "actor/pg_clipfrac",
+                        "actor/pg_clipfrac_lower",
+                        "actor/ppo_kl",
+                    ):
+                        mb_metrics[key] += 0.0
             if entropy is None and ubs:
                 entropy = sum(w * float(e) for w, (e, _) in zip(weights, entropies, strict=True))
                 if self._per_token_metrics:
                     entropy_per_token = sum(t * float(e) for t, (_, e) in zip(shares, entropies, strict=True))
-                if (
-                    cfg.skip_zero_advantage and cfg.loss_agg_mode != "token-sum"
-                ):  # a mean over the kept samples
+                # with samples left out, a mean over the kept ones (a token-sum stays their sum)
+                if cfg.skip_zero_advantage and cfg.loss_agg_mode != "token-sum":
                     entropy /= sum(weights)
                     if entropy_per_token is not None:
                         entropy_per_token /= sum(shares)
@@ -372,9 +380,8 @@ class ActorWorker:
         out = update_metrics(outcome, "actor", lr)
         if cfg.use_kl_loss:
             out.same("actor/kl_coef", cfg.kl_loss_coef)
-        if (
-            entropy is not None
-        ):  # None: every sample of an on-policy update was left out (skip_zero_advantage)
+        # None: every sample of an on-policy update was left out (skip_zero_advantage)
+        if entropy is not None:
             out.mean("actor/entropy", entropy)
         if entropy_per_token is not None:
             out.mean("actor/entropy_token_mean", entropy_per_token)
