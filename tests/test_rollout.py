@@ -194,6 +194,54 @@ def test_a_shared_system_prompt_is_prefilled_once_with_the_same_samples_and_log_
         torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_rows_samples_do_not_depend_on_when_other_rows_end(
+    kk_data, tiny_model, tiny_tokenizer, monkeypatch, shared
+):
+    """Each row draws its own uniform per step (sampling.RowDraws), so dropping finished rows from the
+    batch early, late or never changes no row's tokens. With one draw per still-decoding row from the
+    process RNG, a row ending at another step shifted every later row's draws."""
+    from lucidrl.workers import decode, sampling
+
+    model = load_model(tiny_model["path"]).eval()
+    eos = tiny_tokenizer.eos_token_id
+    bias = torch.zeros(model.config.vocab_size)
+    bias[eos] = 4.5  # rows end at scattered steps
+    model.get_output_embeddings().register_forward_hook(lambda m, i, out: out + bias)
+    batch = _prompts(kk_data, tiny_tokenizer, k=4)
+    monkeypatch.setattr(sampling, "DRAW_BLOCK", 5)  # the draws run out, and are redrawn, mid-response
+    kw = dict(n=4, max_new_tokens=40, eos_ids=[eos], pad_id=0, do_sample=True, temperature=1.0,
+              top_k=-1, top_p=1.0)  # fmt: skip
+    out = []
+    for fraction in (0.01, 0.25, 1.0):  # compact as soon as one row ends, the default, never
+        monkeypatch.setattr(decode, "COMPACT_FRACTION", fraction)
+        torch.manual_seed(3)
+        out.append(decode._decode(model, batch["prompts"], batch["prompt_mask"], shared=shared, **kw))
+    responses, logps = out[0]
+    ended = (responses == eos).any(-1)
+    ends = (responses == eos).float().argmax(-1)[ended]
+    assert ended.sum() >= 8 and len(set(ends.tolist())) >= 4  # rows ended, at scattered steps
+    for other, other_logps in out[1:]:
+        assert torch.equal(other, responses)
+        torch.testing.assert_close(other_logps, logps, atol=1e-5, rtol=0)
+
+
+def test_row_draws_are_fixed_by_row_and_step_whatever_rows_are_asked_for(monkeypatch):
+    from lucidrl.workers import sampling
+
+    monkeypatch.setattr(sampling, "DRAW_BLOCK", 3)
+    torch.manual_seed(0)
+    full = sampling.RowDraws(5, torch.device("cpu"))
+    every = torch.cat([full.at(t, torch.arange(5)) for t in range(8)], dim=1)  # (5 rows, 8 steps)
+    torch.manual_seed(0)
+    few = sampling.RowDraws(5, torch.device("cpu"))
+    picked = [few.at(t, torch.tensor([4, 1] if t < 4 else [1])) for t in range(8)]
+    assert torch.equal(torch.cat(picked[:4], dim=1), every[[4, 1], :4])
+    assert torch.equal(torch.cat(picked[4:], dim=1), every[[1], 4:])
+    assert ((every >= 0) & (every < 1)).all() and len(set(every.flatten().tolist())) == 40
+
+
 def test_reserved_cache_layer_returns_what_was_written_and_grows_past_capacity():
     from lucidrl.workers.kv_cache import reserved_cache
 

@@ -3,10 +3,11 @@
 `transformers.generate` prefills every copy of a prompt (n times the work for GRPO's groups) and
 keeps computing rows that already ended. This loop prefills the unique prompts once (and the leading
 tokens they all share, such as a system prompt, once for the batch: `_prefill`), samples with
-temperature / top-k / top-p (sampling.py), records the log-prob of each sampled token under the
-temperature-scaled distribution (what the actor's forward computes), and compacts the batch as rows
-reach an eos. Tokens after a row's eos are the pad id; log-probs there are 0. With n > 1 the samples
-of a prompt decode over one copy of its cache (shared_prefix.py) where the model allows it
+temperature / top-k / top-p (sampling.py; each row's random draw per step fixed by the row and the
+step, so a row's tokens do not depend on when other rows end), records the log-prob of each sampled
+token under the temperature-scaled distribution (what the actor's forward computes), and compacts the
+batch as rows reach an eos. Tokens after a row's eos are the pad id; log-probs there are 0. With n > 1
+the samples of a prompt decode over one copy of its cache (shared_prefix.py) where the model allows it
 (model_support.py); the caches are kv_cache.py's.
 """
 
@@ -29,7 +30,7 @@ from lucidrl.workers.model_support import (
     last_logits_only,
     mark_no_shared_prefix,
 )
-from lucidrl.workers.sampling import filter_logits, sample_tokens
+from lucidrl.workers.sampling import RowDraws, filter_logits, sample_tokens
 from lucidrl.workers.shared_prefix import (
     SHARED_PREFIX_ATTENTION,
     SharedPrefix,
@@ -204,13 +205,14 @@ def _decode(
     next_pos = positions[:, -1] + 1
     eos = torch.tensor(eos_ids, device=device)
     finished: torch.Tensor | None = None  # per decoding row: has it emitted an eos yet
+    draws = RowDraws(rows, device) if do_sample else None
     length = 0
     for t in range(max_new_tokens):
         length = t + 1
         scaled = logits / temperature if do_sample and temperature != 1.0 else logits
         logprobs = torch.log_softmax(scaled, dim=-1)
         if do_sample:
-            tokens = sample_tokens(filter_logits(scaled, top_k, top_p).softmax(-1))
+            tokens = sample_tokens(filter_logits(scaled, top_k, top_p).softmax(-1), draws.at(t, active))
         else:
             tokens = scaled.argmax(-1)
         responses[active, t] = tokens
