@@ -26,6 +26,7 @@ import torch.multiprocessing as mp
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig, OptimConfig
 from lucidrl.workers.micro_batches import match_count, token_budget_micro_batches
+from lucidrl.workers.rank_metrics import combine_ranks
 
 WIDTH = 12  # response columns
 N = 4  # samples per prompt
@@ -167,3 +168,95 @@ def test_token_budget_cuts_agree_across_ranks_and_match_one_process(strategy, ti
         assert moved > 1e-3 and diffs.mean() < 0.05 * 1e-2, (moved, diffs.mean())
     else:
         assert moved > 1e-3 and diffs.max() < 5e-5, (moved, diffs.max())
+
+
+def _tied(batch: Batch, groups: tuple[int, ...]) -> Batch:
+    """`batch` with the groups (prompts) in `groups` tied: advantage 0 on every sample."""
+    out = copy.deepcopy(batch)
+    adv = out["advantages"].clone()
+    for g in groups:
+        adv[g * N : g * N + N] = 0.0
+    out.set("advantages", adv)
+    return out
+
+
+# rank 0 holds prompts 0-1, rank 1 prompts 2-3: first rank 0 has nothing to learn, then half as much
+SKIP_UPDATES = [(0, 1), (1,)]
+
+
+def _skip_config(skip: bool) -> ActorConfig:
+    return ActorConfig(
+        optim=OptimConfig(lr=1e-2), ppo_mini_batch_size=4, ppo_micro_batch_size=2, use_kl_loss=False,
+        skip_zero_advantage=skip,
+    )  # fmt: skip
+
+
+def _skip_rank(rank: int, port: int, model_path: str, strategy: str, out: str) -> None:
+    from lucidrl.models import load_model
+    from lucidrl.workers.actor import ActorWorker
+    from lucidrl.workers.distributed import full_state_dict, wrap_for_training
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    torch.manual_seed(0)
+    model = wrap_for_training(load_model(model_path), strategy, "cpu", None)
+    actor = ActorWorker(model, _skip_config(True), temperature=1.0, samples_per_prompt=N, world_size=2)
+    forwards, micro_step = [], actor._micro_step
+
+    def counted(ub, weight, *args, **kwargs):
+        forwards[-1].append((len(ub), weight))
+        return micro_step(ub, weight, *args, **kwargs)
+
+    actor._micro_step = counted
+    metrics = []
+    for tied in SKIP_UPDATES:
+        forwards.append([])
+        metrics.append(actor.update(_tied(_batch(), tied).slice(rank * 8, rank * 8 + 8)))
+    state = full_state_dict(actor.model)
+    torch.save(
+        {"forwards": forwards, "metrics": metrics, "state": state if rank == 0 else None},
+        f"{out}/skip{rank}.pt",
+    )
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
+def test_skipping_tied_groups_on_ranks_that_keep_different_numbers_matches_one_process(
+    strategy, tiny_model, tmp_path
+):
+    """actor.skip_zero_advantage on two ranks: a rank that kept fewer samples (or none) runs as many
+    forwards as the other, on a zero-advantage sample of loss weight zero, and the weights after the
+    updates are one process's full updates'."""
+    from lucidrl.models import load_model
+    from lucidrl.workers.actor import ActorWorker
+
+    path = str(tiny_model["path"])
+    mp.start_processes(
+        _skip_rank, args=(_free_port(), path, strategy, str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    ranks = [torch.load(tmp_path / f"skip{r}.pt", weights_only=False) for r in (0, 1)]
+    # update 1: rank 0 kept nothing, rank 1 all 8 samples (4 micro-batches of 2); update 2: 4 and 8
+    assert [[n for n, _ in f] for f in ranks[1]["forwards"]] == [[2, 2, 2, 2], [2, 2, 2, 2]]
+    assert ranks[0]["forwards"][0] == [(1, 0.0)] * 4
+    assert [n for n, _ in ranks[0]["forwards"][1]] == [2, 2, 1, 1]
+    assert [w for _, w in ranks[0]["forwards"][1][2:]] == [0.0, 0.0] and ranks[0]["forwards"][1][0][1] > 0
+
+    torch.manual_seed(0)
+    model = load_model(path)
+    one = {}  # one process, the skip off and on
+    for skip in (False, True):
+        actor = ActorWorker(copy.deepcopy(model), _skip_config(skip), temperature=1.0, samples_per_prompt=N)
+        one[skip] = ([actor.update(_tied(_batch(), tied)) for tied in SKIP_UPDATES], actor.model.state_dict())
+    expected = one[False][1]
+    moved = max((expected[k] - v).abs().max().item() for k, v in model.state_dict().items())
+    diffs = torch.cat([(ranks[0]["state"][k] - expected[k]).abs().flatten() for k in expected])
+    assert moved > 1e-3 and diffs.max() < 5e-5, (moved, diffs.max())
+    for step in range(len(SKIP_UPDATES)):  # the ranks' metrics combine to the whole batch's
+        got = combine_ranks([r["metrics"][step] for r in ranks])
+        for key in ("actor/pg_loss", "actor/grad_norm"):
+            assert got[key] == pytest.approx(one[False][0][step][key], rel=1e-4, abs=1e-6), (step, key)
+        # the entropy of the kept samples, and the share left out, as one process with the skip logs them
+        for key in ("actor/entropy", "actor/zero_advantage_skipped"):
+            assert got[key] == pytest.approx(one[True][0][step][key], rel=1e-4, abs=1e-6), (step, key)
+        assert got["actor/zero_advantage_skipped"] == len(SKIP_UPDATES[step]) / 4

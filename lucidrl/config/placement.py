@@ -168,13 +168,6 @@ def plan_groups(cfg: LucidConfig) -> list[GroupPlan]:
                 f"only for now, but the actor is placed on {p.world_size} ({p.where}); set "
                 "actor.head_chunk_tokens=0 or place the actor on one device"
             )
-        if "actor" in p.roles and p.world_size > 1 and cfg.actor.skip_zero_advantage:
-            raise ConfigError(
-                f"actor.skip_zero_advantage=true runs with one actor rank only for now: each of the {p.world_size} "
-                f"ranks ({p.where}) would keep a different number of samples and run a different number of "
-                "forwards, which data-parallel training cannot; set actor.skip_zero_advantage=false or place "
-                "the actor on one device"
-            )
         explicit = getattr(pl, sorted(p.roles)[0]).devices
         if cfg.trainer.backend == "ray" and explicit and any(d.startswith("cuda") for d in explicit):
             raise ConfigError(

@@ -289,8 +289,9 @@ class ActorConfig:
     # leave samples whose advantages are all 0 (GRPO's tied groups) out of the update's forwards and
     # backwards; they stay in the loss's token or sequence count, so the gradient is the same. Needs a
     # policy loss where such a sample has no gradient (vanilla, gspo, cispo, reinforce, gpg, sapo), no KL
-    # loss, no entropy bonus, one actor rank. On-policy, actor/entropy then covers the samples kept only.
-    # actor/zero_advantage_skipped logs the share of samples left out
+    # loss, no entropy bonus. On data-parallel ranks, a rank that kept fewer samples runs as many forwards
+    # as the one that kept the most (on a zero-advantage sample of loss weight 0). On-policy,
+    # actor/entropy then covers the samples kept only. actor/zero_advantage_skipped logs the share left out
     skip_zero_advantage: bool = False
     # micro-batches of whole prompt groups ordered by response length, each cut to its own longest
     # response: no compute on response padding (workers/micro_batches.py)

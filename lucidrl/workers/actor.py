@@ -13,7 +13,7 @@ from lucidrl.config.schema import ActorConfig, RolloutCorrectionConfig
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import check_chunkable_head, check_prompt_sharable, response_log_probs
 from lucidrl.workers.log_prob_pass import per_token_log_probs, per_token_log_probs_and_sum_pi_squared
-from lucidrl.workers.micro_batches import loss_weights, micro_batches, token_shares
+from lucidrl.workers.micro_batches import inert_pads, loss_weights, micro_batches, token_shares
 from lucidrl.workers.optim import build_optimizer
 from lucidrl.workers.rank_metrics import Combine, RankMetrics
 from lucidrl.workers.update_loop import run_update, update_metrics
@@ -284,12 +284,23 @@ class ActorWorker:
         has = ((mb["advantages"] != 0) & loss_mask(mb).bool()).any(-1)
         return mb if bool(has.all()) else mb.select(has.nonzero().squeeze(-1))
 
+    def _kept_shares(self, weights: list[float], shares: list[float]) -> tuple[float, float]:
+        """The kept micro-batches' shares of the mini-batch's loss and tokens, over all ranks (each rank's
+        shares count times the rank count, as a rank mean of the metrics they weigh makes the whole's)."""
+        kept = (sum(weights), sum(shares))
+        if self.world_size == 1:
+            return kept
+        import torch.distributed as dist
+
+        total = torch.tensor(kept, dtype=torch.float64, device=next(self.model.parameters()).device)
+        dist.all_reduce(total)  # every rank, every mini-batch: whether or not it kept a sample
+        return float(total[0]) / self.world_size, float(total[1]) / self.world_size
+
     @staticmethod
-    def _gap_over_kept(metrics: dict[str, float], shares: list[float]) -> None:
+    def _gap_over_kept(metrics: dict[str, float], kept_tokens: float) -> None:
         """The rollout gap, summed over the kept micro-batches by their shares of the whole mini-batch's
         tokens, as the mean over the kept tokens. The policy loss's metrics stay as they are: a left-out
         sample's clip fraction is 0, and on-policy its ppo_kl too."""
-        kept_tokens = sum(shares)
         if "rollout/logprob_diff_mean" in metrics and kept_tokens > 0:
             metrics["rollout/logprob_diff_mean"] /= kept_tokens
 
@@ -335,12 +346,20 @@ class ActorWorker:
             # over ranks, the mini-batch's across all of them (a plain mean of micro-batch or rank
             # means gave token-mean losses that changed with the micro-batching and the rank count)
             shares = token_shares(mb, ubs, cfg.loss_agg_mode, weights, self.world_size)
+            kept_weight, kept_tokens = (
+                self._kept_shares(weights, shares) if cfg.skip_zero_advantage else (1, 1)
+            )
+            if cfg.skip_zero_advantage and self.world_size > 1:
+                # ranks that kept fewer samples run as many forwards as the rank with the most, on
+                # zero-advantage samples of weight zero: each forward and backward is a collective
+                pads = inert_pads(mb, ubs)
+                ubs, weights, shares = ubs + pads, weights + [0.0] * len(pads), shares + [0.0] * len(pads)
             entropies = [
                 self._micro_step(ub, w, mb_metrics, t) for ub, w, t in zip(ubs, weights, shares, strict=True)
             ]
             if cfg.skip_zero_advantage:
                 mb_metrics["actor/zero_advantage_skipped"] += (len(mb) - len(kept)) / len(mb)
-                self._gap_over_kept(mb_metrics, shares)
+                self._gap_over_kept(mb_metrics, kept_tokens)
                 if not ubs:
                     # a zero gradient, so AdamW still takes its step as the full update would, and the
                     # zero loss and clip fractions the full update would log
@@ -360,9 +379,9 @@ class ActorWorker:
                     entropy_per_token = sum(t * float(e) for t, (_, e) in zip(shares, entropies, strict=True))
                 # with samples left out, a mean over the kept ones (a token-sum stays their sum)
                 if cfg.skip_zero_advantage and cfg.loss_agg_mode != "token-sum":
-                    entropy /= sum(weights)
+                    entropy /= kept_weight
                     if entropy_per_token is not None:
-                        entropy_per_token /= sum(shares)
+                        entropy_per_token /= kept_tokens
 
         outcome = run_update(
             batch,

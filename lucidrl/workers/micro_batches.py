@@ -166,6 +166,25 @@ def match_count(
     return chunks
 
 
+def inert_pads(mb: Batch, ubs: list[Batch]) -> list[Batch]:
+    """Micro-batches that keep a data-parallel rank in step when the ranks left out different numbers of
+    samples (actor.skip_zero_advantage): as many as the rank with the most micro-batches has beyond
+    this rank's `ubs` (one all-reduce), each the first sample of `mb` with its advantages set to zero.
+    Under the policy losses that allow the skip such a sample adds exactly nothing to the gradient; the
+    caller also gives it a loss weight of zero. Its forward and backward are the collectives (FSDP2's
+    all-gathers and reduce-scatters, DDP's gradient all-reduce) every rank must join."""
+    import torch.distributed as dist
+
+    count = torch.tensor([len(ubs)], device=mb["responses"].device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    missing = int(count) - len(ubs)
+    if missing == 0:
+        return []
+    pad = trim_response_padding(mb.select(torch.tensor([0])))
+    pad.set("advantages", torch.zeros_like(pad["advantages"]))
+    return [pad] * missing
+
+
 def loss_weights(mb: Batch, ubs: list[Batch], loss_agg_mode: str, world_size: int = 1) -> list[float]:
     """Each micro-batch's share of the mini-batch loss.
 
