@@ -271,3 +271,39 @@ def test_a_killed_ray_rank_restarts_the_run_from_its_checkpoint_to_the_same_weig
     diff = max((ddp_run[1][k] - weights[k]).abs().max().item() for k in weights)
     print(f"restart test: max weight difference {diff}, 1 restart, {seconds:.0f} s")
     assert diff == 0.0 and _moved((records, weights), stopping_model) > 0  # equal, and trained
+
+
+# every sample of about half the prompts scores 0 (a tied group: advantage 0), the others' almost never tie
+HALF_TIED_REWARD = """
+import zlib
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    if zlib.crc32(str(ground_truth).encode()) % 2:
+        return 0.0
+    text = solution_str[len("<think>"):]
+    return text.count("e") / max(len(text), 1)
+"""
+
+
+@pytest.mark.slow
+def test_skipping_tied_groups_on_two_fsdp2_ranks_matches_the_local_run_without_it(
+    tmp_path, kk_data, stopping_model, ray_head
+):
+    """actor.skip_zero_advantage on two ranks, each keeping the samples of its own prompts (one prompt per
+    rank per mini-batch here: 4 samples or none), against the full update in one process.
+    tests/test_data_parallel_cuts.py checks the matching forwards at the worker."""
+    no_kl = "actor.use_kl_loss=false"
+    local = _run(tmp_path, kk_data, stopping_model, "local", no_kl, reward_source=HALF_TIED_REWARD)
+    ray = _run(
+        tmp_path, kk_data, stopping_model, "ray", no_kl, "actor.skip_zero_advantage=true",
+        "trainer.backend=ray", f"trainer.ray_address={ray_head}", "trainer.strategy=fsdp2",
+        "placement.pools={global: {nodes: 1, devices_per_node: 2}}", reward_source=HALF_TIED_REWARD,
+    )  # fmt: skip
+    skipped = [r["actor/zero_advantage_skipped"] for r in ray[0]]
+    assert any(0 < s < 1 for s in skipped), skipped  # tied and untied prompts in one step
+    for x, y in zip(local[0], ray[0], strict=True):
+        for key in ("actor/pg_loss", "critic/score/mean"):
+            assert abs(x[key] - y[key]) <= LOSS_TOL, (key, x[key], y[key])
+        for key in ("actor/grad_norm", "actor/entropy"):  # entropy: from the old-log-prob pass, every sample
+            assert abs(x[key] - y[key]) <= 1e-5 * max(abs(x[key]), 1e-2), (key, x[key], y[key])
+    diff = max((local[1][k] - ray[1][k]).abs().max().item() for k in local[1])
+    assert diff <= WEIGHT_TOL and _moved(local[:2], stopping_model) > 20 * diff, diff
