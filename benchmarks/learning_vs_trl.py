@@ -6,7 +6,7 @@ Two settings (`--setting`), each with lucidrl's own config for it and TRL given 
   default outputs/demo/model, which `lucidrl demo` writes) trained with only a verifier on one-step
   word problems asking for "The answer is N." (2,000 training problems, 150 held-out ones whose numbers
   training never shows; `lucidrl.data.word_problems`, zero-shot). lucidrl runs exactly the demo's config
-  (`lucidrl.demo.run.grpo_config` with a default `DemoPlan`): 16 prompts x 8 samples per step, T=1,
+  (`lucidrl.demo.run.grpo_config` with a default `DemoPlan`): 16 prompts x 8 samples per step, T=0.7,
   <= 64 new tokens, lr 2e-5 with a 3-step warm-up, no KL (no reference model), full fine-tuning, one
   optimizer step per generation batch, bf16 compute over float32 weights, token-mean loss, PPO clip
   0.2, grad clip 1, no forward for tied groups (actor.skip_zero_advantage: the same gradient, which

@@ -151,7 +151,8 @@ def run_demo(
     if attention := plan.resolved_attn_implementation():
         precision += f", {attention} attention"
     console.print(
-        f"{plan.steps} GRPO steps of {plan.prompts} problems x {plan.n} samples per seed ({precision}), "
+        f"{plan.steps} GRPO steps of {plan.prompts} problems x {plan.n} samples at temperature {plan.temperature:g} "
+        f"per seed ({precision}), "
         f"held-out greedy accuracy on {plan.n_val} problems every {plan.eval_every} steps"
     )
     if note := float32_note(plan):
