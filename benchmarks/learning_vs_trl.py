@@ -7,7 +7,7 @@ Two settings (`--setting`), each with lucidrl's own config for it and TRL given 
   word problems asking for "The answer is N." (2,000 training problems, 150 held-out ones whose numbers
   training never shows; `lucidrl.data.word_problems`, zero-shot). lucidrl runs exactly the demo's config
   (`lucidrl.demo.run.grpo_config` with a default `DemoPlan`): 16 prompts x 8 samples per step, T=0.7,
-  <= 64 new tokens, lr 2e-5 with a 3-step warm-up, no KL (no reference model), full fine-tuning, one
+  <= 64 new tokens, lr 5e-5 without warm-up, no KL (no reference model), full fine-tuning, one
   optimizer step per generation batch, bf16 compute over float32 weights, token-mean loss, PPO clip
   0.2, grad clip 1, no forward for tied groups (actor.skip_zero_advantage: the same gradient, which
   `grpo_gradient_vs_trl.py` checks against TRL's loss). Reward: `lucidrl.rewards.word_problems` (1 for the right number, else 0).
@@ -43,7 +43,7 @@ two should be close, and a gap would say the two weigh tokens differently. The l
 final accuracy, and the ratio of its training time then to TRL's whole (the goal: at most a third).
 
     .venv/bin/lucidrl demo                                 # writes outputs/demo/model (SmolLM2-135M-Instruct)
-    .venv/bin/python benchmarks/learning_vs_trl.py [--model outputs/demo/model] [--steps 10] [--eval-every 5] \\
+    .venv/bin/python benchmarks/learning_vs_trl.py [--model outputs/demo/model] [--steps 3] [--eval-every 1] \\
         [--seed 0] [--json outputs/learning_vs_trl_smollm2.json]
 
     .venv/bin/lucidrl experiment scarce-labels     # the SFT'd model and the puzzles, in outputs/scarce_labels
@@ -69,7 +69,8 @@ import torch
 
 DEFAULT_MODEL = "outputs/demo/model"  # where `lucidrl demo` writes SmolLM2-135M-Instruct
 N_TRAIN, N_VAL = 2000, 150  # the smollm2 setting's word problems: the demo's (DemoPlan)
-DEFAULTS = {"kk": {"steps": 24, "eval_every": 6}, "smollm2": {"steps": 10, "eval_every": 5}}
+# smollm2: the demo's steps (DemoPlan), with a held-out point after each
+DEFAULTS = {"kk": {"steps": 24, "eval_every": 6}, "smollm2": {"steps": 3, "eval_every": 1}}
 
 
 @dataclass(frozen=True)

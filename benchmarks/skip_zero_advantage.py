@@ -12,9 +12,9 @@ the option off and once on, each in its own process with the same seed, one afte
 prints per step: whether both sides drew the same samples, the groups with mixed scores, the share
 of samples the update left out, the update's seconds on each side and their ratio, and each side's
 training reward. Both start from the same weights and draw the same samples in step 1, so the last
-line compares the two updates of step 1. After it the weights differ by float rounding, and that is
-enough for later samples to part: one token drawn differently changes its response's length, and the
-decode loop's later draws for every other row with it.
+line compares the two updates of step 1. After it the weights differ by float rounding, and that can
+be enough for later samples to part: one token drawn differently changes that response from there on
+(each row's random draws are its own, so the other rows' draws stay the same).
 
     .venv/bin/python benchmarks/skip_zero_advantage.py --model outputs/demo/model [--steps 3] [--seed 0]
     .venv/bin/python benchmarks/skip_zero_advantage.py --model outputs/demo/seed0/final --steps 2

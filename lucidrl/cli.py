@@ -477,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("n_val", int, "held-out problems"),
         ("eval_every", int, "steps between held-out evaluations"),
         ("lr", float, "learning rate"),
+        ("warmup_steps", int, "steps of the linear warm-up to the learning rate (0: none)"),
         ("kl_coef", float, "KL loss against the base model (0: none)"),
         ("lora_rank", int, "LoRA rank (0: full fine-tuning)"),
         ("temperature", float, "rollout temperature"),

@@ -72,6 +72,22 @@ def test_bad_requests_are_refused_before_any_work(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path / "c"), "--steps", "0"]) == 2
     assert "steps must be >= 1" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+    assert main(["demo", "--out", str(tmp_path / "d"), "--warmup-steps", "-1"]) == 2
+    assert "warmup-steps must be >= 0" in capsys.readouterr().err
+
+
+def test_the_flags_reach_the_plan_and_the_run_config(monkeypatch, tmp_path):
+    import lucidrl.demo.run as demo_run
+
+    seen = {}
+    monkeypatch.setattr(demo_run, "run_demo", lambda out, seeds, plan, model: seen.update(plan=plan))
+    # the ten-step plan the demo ran before, from the command line
+    assert main(["demo", "--out", str(tmp_path), "--steps", "10", "--lr", "2e-5", "--warmup-steps", "3"]) == 0
+    plan = seen["plan"]
+    assert (plan.steps, plan.lr, plan.warmup_steps, plan.prompts) == (10, 2e-5, 3, DemoPlan().prompts)
+    cfg = demo_run.grpo_config("m", {"train": "t", "val": "v"}, tmp_path, plan, seed=0)
+    assert cfg["actor"]["optim"] == {"lr": 2e-5, "warmup_steps": 3}
+    assert cfg["trainer"]["total_training_steps"] == 10
 
 
 def test_bf16_compute_only_where_the_cpu_has_it(monkeypatch):

@@ -62,17 +62,21 @@ def draw_curves(results: list[SeedResult], path: Path) -> str | None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return "matplotlib is not installed (pip install 'lucidrl[report]')"
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for r in results:
-        left.plot([p["step"] for p in r.reward], [p["score"] for p in r.reward], label=f"seed {r.seed}")
+        left.plot(
+            [p["step"] for p in r.reward], [p["score"] for p in r.reward], marker=".", label=f"seed {r.seed}"
+        )
         right.plot(
             [p["step"] for p in r.curve], [p["acc"] for p in r.curve], marker="o", label=f"seed {r.seed}"
         )
     left.set(title="training reward (mean verifier score)", xlabel="GRPO step", ylabel="score")
     right.set(title="held-out greedy accuracy", xlabel="GRPO step", ylabel="accuracy", ylim=(0, 1))
     for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()

@@ -91,9 +91,8 @@ def float32_note(plan: DemoPlan) -> str | None:
         return None
     return (
         "this CPU has no native bfloat16 (AVX-512 BF16 or AMX), so the demo computes in float32: each step "
-        "takes several times as long as on a CPU that has it, and the run far more than the demo's "
-        "10 minutes (docs/demo.md has the figures measured on such a CPU; the bar's ETA follows the "
-        "first step)"
+        "takes several times as long as on a CPU that has it (docs/demo.md has the figures measured on "
+        "such a CPU; the bar's ETA follows the first step)"
     )
 
 
