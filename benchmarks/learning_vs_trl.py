@@ -67,10 +67,12 @@ from pathlib import Path
 
 import torch
 
+from lucidrl.demo.plan import DemoPlan
+
 DEFAULT_MODEL = "outputs/demo/model"  # where `lucidrl demo` writes SmolLM2-135M-Instruct
 N_TRAIN, N_VAL = 2000, 150  # the smollm2 setting's word problems: the demo's (DemoPlan)
-# smollm2: the demo's steps (DemoPlan), with a held-out point after each
-DEFAULTS = {"kk": {"steps": 24, "eval_every": 6}, "smollm2": {"steps": 3, "eval_every": 1}}
+# smollm2: the demo's steps, with a held-out point after each
+DEFAULTS = {"kk": {"steps": 24, "eval_every": 6}, "smollm2": {"steps": DemoPlan.steps, "eval_every": 1}}
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,6 @@ def kk_setting(demo: Path) -> Setting:
 
 
 def smollm2_setting(model: Path, data: Path) -> Setting:
-    from lucidrl.demo.plan import DemoPlan
 
     if not (model / "config.json").is_file():
         sys.exit(
@@ -147,7 +148,6 @@ def write_word_problems(data: Path) -> None:
 def lucidrl_config(setting: Setting, steps: int, run_dir: Path, threads: int, seed: int = 0) -> dict:
     """lucidrl's config for the setting: the demo's (smollm2) or the scarce-label experiment's (kk)."""
     if setting.name == "smollm2":
-        from lucidrl.demo.plan import DemoPlan
         from lucidrl.demo.run import grpo_config
 
         files = {"train": setting.train, "val": setting.val}
