@@ -70,7 +70,7 @@ import torch
 from lucidrl.demo.plan import DemoPlan
 
 DEFAULT_MODEL = "outputs/demo/model"  # where `lucidrl demo` writes SmolLM2-135M-Instruct
-N_TRAIN, N_VAL = 2000, 150  # the smollm2 setting's word problems: the demo's (DemoPlan)
+N_TRAIN, N_VAL = DemoPlan.n_train, DemoPlan.n_val  # the smollm2 setting's word problems: the demo's
 # smollm2: the demo's steps, with a held-out point after each
 DEFAULTS = {"kk": {"steps": 24, "eval_every": 6}, "smollm2": {"steps": DemoPlan.steps, "eval_every": 1}}
 
@@ -123,7 +123,6 @@ def kk_setting(demo: Path) -> Setting:
 
 
 def smollm2_setting(model: Path, data: Path) -> Setting:
-
     if not (model / "config.json").is_file():
         sys.exit(
             f"--model {model}: not a HuggingFace model folder (no config.json); `lucidrl demo` writes "
