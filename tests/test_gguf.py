@@ -153,6 +153,35 @@ def test_lucidrl_loaders_accept_the_imported_folder(tiny_gguf, tmp_path, recwarn
     assert info["chat_template"] and info["pad_token"] == IM_END
 
 
+def test_the_file_is_parsed_once_and_gguf_is_left_as_it_was(tiny_gguf, tmp_path, monkeypatch):
+    """transformers parses the file for the config, the tokenizer and the weights; the import once."""
+    import gguf
+
+    paths = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path, *args, **kwargs):
+            paths.append(Path(path).name)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    name_map = gguf.get_tensor_name_map
+    import_gguf(tiny_gguf["path"], tmp_path / "m")
+    assert paths == [tiny_gguf["path"].name]
+    assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is name_map
+
+    # and on failure too: the names are restored and the architecture still named from the file
+    from lucidrl.models import gguf as lucidrl_gguf
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("config unreadable")
+
+    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", broken)
+    with pytest.raises(UnsupportedGGUFError, match=r"'llama' model \(RuntimeError: config unreadable\)"):
+        lucidrl_gguf.import_gguf(tiny_gguf["path"], tmp_path / "m2")
+    assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is name_map
+
+
 def test_out_must_be_new_or_empty_unless_overwrite(tiny_gguf, tmp_path):
     out = tmp_path / "busy"
     out.mkdir()

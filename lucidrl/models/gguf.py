@@ -13,10 +13,13 @@ package is then the whole download, and `lucidrl model get NAME --out DIR` impor
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,17 +185,52 @@ def _supported_architectures() -> list[str]:
     return sorted(GGUF_SUPPORTED_ARCHITECTURES)
 
 
+@contextlib.contextmanager
+def _read_once() -> Iterator[None]:
+    """Within the block, the gguf package parses each file once and maps each architecture's tensor
+    names once.
+
+    transformers builds a `gguf.GGUFReader` for the config, another for the tokenizer and another for
+    the weights, and each parses the whole file's metadata, a vocabulary's tens of thousands of strings
+    one by one; and it builds a `TensorNameMap` for every submodule of the model. Both are read-only
+    once built, so one per file (and per architecture and depth) serves every call:
+    benchmarks/gguf_import.py measures what that saves. The gguf module's names are restored on exit;
+    not for use from several threads at once.
+    """
+    import gguf
+
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: str | os.PathLike[str], mode: str = "r") -> Any:
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = reader_class(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
+
+
 def _load_from_gguf(path: Path) -> tuple[Any, Any]:
     """(model, tokenizer) that transformers builds from the GGUF at `path`, dequantised to float32."""
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    architecture = gguf_architecture(path)
     kwargs = {"gguf_file": path.name, "local_files_only": True}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kwargs)
+        with _read_once():
+            # the config once, for the tokenizer and the model (each would read it again)
+            config = AutoConfig.from_pretrained(str(path.parent), **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), config=config, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), config=config, dtype=torch.float32, **kwargs
+            )
     except Exception as exc:  # an unsupported architecture, tensor type or tokenizer model, an encoder, ...
+        architecture = gguf_architecture(path)  # NotAGGUFError when the file's metadata cannot be read
         supported = _supported_architectures()
         version = f"transformers {transformers.__version__}"
         # transformers renames a few architectures before its own check (qwen2moe -> qwen2_moe, ...):
