@@ -87,9 +87,10 @@ def write_train_config(tmp_path, kk_data, tiny_model, **sections) -> str:
     return path
 
 
-def lucidrl_train(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    """`python -m lucidrl train ARGS` in a child process (Ray runs get a process of their own); a failure
-    shows the tail of its output. Returns the finished process (its stdout and stderr)."""
+def lucidrl_train(args: list[str], timeout: int = 600, cwd=None) -> subprocess.CompletedProcess:
+    """`python -m lucidrl train ARGS` in a child process (Ray runs get a process of their own), in the
+    folder `cwd` if given; a failure shows the tail of its output. Returns the finished process (its
+    stdout and stderr)."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(
         [sys.executable, "-m", "lucidrl", "train", *args],
@@ -97,6 +98,7 @@ def lucidrl_train(args: list[str], timeout: int = 600) -> subprocess.CompletedPr
         text=True,
         env=env,
         timeout=timeout,
+        cwd=cwd,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc

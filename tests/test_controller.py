@@ -348,7 +348,7 @@ def test_a_worker_that_fails_to_start_says_why(ray_cluster):
 
     from lucidrl.controller.worker_group import RayWorkerGroup, _RankHost
 
-    host = ray_cluster.remote(_RankHost).options(num_cpus=0).remote("probe", 0, 0)  # set_num_threads(0)
+    host = ray_cluster.remote(_RankHost).options(num_cpus=0).remote("probe", 0, 0, ".")  # set_num_threads(0)
     with pytest.raises(WorkerDiedError) as info:
         RayWorkerGroup._get(SimpleNamespace(role="probe"), host.rendezvous.remote(None), 0, "rendezvous")
     text = str(info.value)

@@ -6,6 +6,7 @@ whose rollouts differ in width crashed every multi-rank run once, unseen while t
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 from helpers import TOY_REWARD, lucidrl_train
@@ -181,6 +182,50 @@ def test_a_resumed_ray_run_samples_what_the_uninterrupted_one_did(
     ]
     resumed = _train(tmp_path, kk_data, stopping_model, "resumed", *ray, "trainer.save_freq=1")
     _compare(straight, resumed)
+
+
+@pytest.mark.slow
+def test_relative_paths_on_a_joined_cluster_are_the_drivers(tmp_path, kk_data, stopping_model, ray_head):
+    """The head (and so its workers) started in another folder than the run: model.path, run_dir and the
+    checkpoints and model they write are relative to where `lucidrl train` runs, on every rank."""
+    import shutil
+
+    shutil.copytree(stopping_model["path"], tmp_path / "models" / "m")
+    reward = tmp_path / "reward.py"
+    reward.write_text(TOY_REWARD)
+    here = {p.name for p in Path.cwd().iterdir()}
+    args = [
+        "model.path=models/m",
+        f"data.train_files=[{kk_data['train']}]",
+        "data.val_files=[]",
+        "data.max_prompt_length=1024",
+        "data.max_response_length=10",
+        "data.train_batch_size=4",
+        "rollout.n=2",
+        "actor.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=1",
+        "trainer.run_dir=relative_run",
+        "reward.custom_function.path=reward.py",
+        "trainer.backend=ray",
+        f"trainer.ray_address={ray_head}",
+        *DDP,
+    ]
+    lucidrl_train(args, cwd=tmp_path)
+    run = tmp_path / "relative_run"
+    assert (run / "checkpoints" / "global_step_1" / "actor" / "model" / "config.json").is_file()
+    assert sorted(p.name for p in (run / "checkpoints" / "global_step_1" / "rng").iterdir()) == [
+        "actor+rollout_rank_0.pt",
+        "actor+rollout_rank_1.pt",
+    ]
+    assert (run / "final" / "model.safetensors").is_file()
+    # and resumed from there: every rank loads its state from the relative checkpoint
+    lucidrl_train([*args, "trainer.total_training_steps=2"], cwd=tmp_path)
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    assert (run / "checkpoints" / "global_step_2").is_dir()
+    assert {p.name for p in Path.cwd().iterdir()} == here  # nothing written where the head runs
 
 
 @pytest.mark.slow

@@ -61,11 +61,22 @@ class LocalWorkerGroup(WorkerGroup):
 class _RankHost:
     """The Ray actor of one rank: builds the worker, runs its methods, returns failures as strings."""
 
-    def __init__(self, role: str, rank: int, num_threads: int):
+    def __init__(self, role: str, rank: int, num_threads: int, cwd: str):
         import torch
 
         self.role, self.rank, self.worker = role, rank, None
         torch.set_num_threads(num_threads)
+        # a relative path of the run (model.path, trainer.run_dir and the checkpoints under it, a reward
+        # or tool file) means the trainer's folder, as in a local run; the workers of a joined cluster
+        # start where `ray start` ran. A node that lacks the folder keeps its own: its paths must be absolute
+        if os.path.isdir(cwd):
+            os.chdir(cwd)
+        elif cwd != os.getcwd():
+            log.warning(
+                "%s rank %d: the trainer's folder %s does not exist on this node (%s), so relative paths in "
+                "the config resolve against %s here; give absolute paths on a shared filesystem",
+                role, rank, cwd, node_ip(), os.getcwd(),
+            )  # fmt: skip
 
     def rendezvous(self, port: int | None) -> tuple[str, Any]:
         """(this host's address, a free port or `port`), or the failure (a taken port) as run's are."""
@@ -209,7 +220,7 @@ class RayWorkerGroup(WorkerGroup):
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.pg, placement_group_bundle_index=i // per_node
                 ),
-            ).remote(role, i, cpus_per_rank)
+            ).remote(role, i, cpus_per_rank, os.getcwd())
             for i in range(world_size)
         ]
         addr, port = self._gather([self.hosts[0].rendezvous.remote(master_port)], "rendezvous")[0]
