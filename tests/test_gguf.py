@@ -171,14 +171,12 @@ def test_the_file_is_parsed_once_and_gguf_is_left_as_it_was(tiny_gguf, tmp_path,
     assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is name_map
 
     # and on failure too: the names are restored and the architecture still named from the file
-    from lucidrl.models import gguf as lucidrl_gguf
-
     def broken(*args, **kwargs):
         raise RuntimeError("config unreadable")
 
     monkeypatch.setattr("transformers.AutoConfig.from_pretrained", broken)
     with pytest.raises(UnsupportedGGUFError, match=r"'llama' model \(RuntimeError: config unreadable\)"):
-        lucidrl_gguf.import_gguf(tiny_gguf["path"], tmp_path / "m2")
+        import_gguf(tiny_gguf["path"], tmp_path / "m2")
     assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is name_map
 
 

@@ -66,9 +66,9 @@ class _RankHost:
 
         self.role, self.rank, self.worker = role, rank, None
         torch.set_num_threads(num_threads)
-        # a relative path of the run (model.path, trainer.run_dir and the checkpoints under it, a reward
-        # or tool file) means the trainer's folder, as in a local run; the workers of a joined cluster
-        # start where `ray start` ran. A node that lacks the folder keeps its own: its paths must be absolute
+        # a relative path of the run (model.path, trainer.run_dir and the checkpoints under it, a tool's
+        # file) means the trainer's folder, as in a local run; the workers of a joined cluster start
+        # where `ray start` ran. A node that lacks the folder keeps its own: its paths must be absolute
         if os.path.isdir(cwd):
             os.chdir(cwd)
         elif cwd != os.getcwd():
