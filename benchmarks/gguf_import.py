@@ -70,8 +70,10 @@ def _max_diff(work: Path, name: str) -> float | None:
     from safetensors.torch import load_file
 
     base = torch.load(work / "transformers.pt")
-    other = load_file(work / "model" / "model.safetensors") if name == "lucidrl model get" else None
-    other = other if other is not None else torch.load(work / f"{name}.pt")
+    if name == "lucidrl model get":  # the folder it wrote
+        other = load_file(work / "model" / "model.safetensors")
+    else:
+        other = torch.load(work / f"{name}.pt")
     shared = [k for k in base if k in other]
     if not shared:
         return None
