@@ -42,9 +42,16 @@ the `grad_norm` TRL's Trainer logs): both losses are a token-mean over the step'
 two should be close, and a gap would say the two weigh tokens differently. The last line says when lucidrl's curve first reached TRL's
 final accuracy, and the ratio of its training time then to TRL's whole (the goal: at most a third).
 
+Which framework learns more in a few steps moves by 20-40 points from seed to seed (each draws its own
+samples), so one seed's verdict is mostly its draw. With several `--seeds` each runs both frameworks
+in turn and gets its own tables; a last table puts the seeds side by side, and both curves averaged
+over the seeds (accuracy and training time, point by point) give the verdict on the mean as well as
+the count of seeds that met the goal. `--combine` prints the same from --json files of runs made apart.
+
     .venv/bin/lucidrl demo                                 # writes outputs/demo/model (SmolLM2-135M-Instruct)
     .venv/bin/python benchmarks/learning_vs_trl.py [--model outputs/demo/model] [--steps 3] [--eval-every 1] \\
-        [--seed 0] [--json outputs/learning_vs_trl_smollm2.json]
+        [--seeds 0 1 2] [--json outputs/learning_vs_trl_smollm2.json]
+    .venv/bin/python benchmarks/learning_vs_trl.py --combine seed0.json seed1.json ...  # runs made apart
 
     .venv/bin/lucidrl experiment scarce-labels     # the SFT'd model and the puzzles, in outputs/scarce_labels
     .venv/bin/python benchmarks/learning_vs_trl.py --setting kk --from-demo outputs/scarce_labels/seed0 \\
@@ -57,7 +64,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -443,12 +450,12 @@ def worker_trl(
     return worker_result(curve, step_s, train, n_eval, recipe=r, bf16_autocast=autocast)
 
 
-def run_worker(kind: str, args: argparse.Namespace, data: Path | None, work: Path) -> dict:
+def run_worker(kind: str, args: argparse.Namespace, seed: int, data: Path | None, work: Path) -> dict:
     from lucidrl.launch import tuned_env
 
     cmd = [sys.executable, __file__, "--worker", kind, "--setting", args.setting, "--steps", str(args.steps)]
     cmd += ["--eval-every", str(args.eval_every), "--threads", str(args.threads), "--work", str(work)]
-    cmd += ["--seed", str(args.seed)]
+    cmd += ["--seeds", str(seed)]
     cmd += (
         ["--from-demo", args.from_demo]
         if args.setting == "kk"
@@ -458,15 +465,17 @@ def run_worker(kind: str, args: argparse.Namespace, data: Path | None, work: Pat
     env = {**tuned_env(), "TOKENIZERS_PARALLELISM": "false"}  # the same allocator settings for both
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env)  # progress: stderr
     if proc.returncode:
-        sys.exit(f"{kind} failed (its stderr is above):\n{proc.stdout[-2000:]}")
+        sys.exit(f"{kind}, seed {seed} failed (its stderr is above):\n{proc.stdout[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def reached(lucid: list, trl: list, every: int) -> tuple[dict | None, str]:
+def reached(lucid: list[dict], trl: list[dict], every: int) -> tuple[dict | None, str]:
     """When lucidrl's curve first reached TRL's final accuracy, and the line that says it. The curves
-    are points every `every` steps: the step is the first such point at or above TRL's final."""
-    _, trl_s, target = trl[-1]
-    for step, s, acc in lucid:
+    are points ({"step", "train_s", "acc"}) every `every` steps: the step is the first such point at or
+    above TRL's final."""
+    trl_s, target = trl[-1]["train_s"], trl[-1]["acc"]
+    for point in lucid:
+        step, s, acc = point["step"], point["train_s"], point["acc"]
         if acc >= target - 1e-9:
             ratio = s / max(trl_s, 1e-9)
             hit = {"target": target, "step": step, "train_s": s, "trl_train_s": trl_s, "ratio": ratio}
@@ -478,11 +487,150 @@ def reached(lucid: list, trl: list, every: int) -> tuple[dict | None, str]:
             if step == 0:
                 line += "; TRL ended no higher than the starting model"
             return hit, line
-    best = max(lucid, key=lambda point: point[2])
+    best = max(lucid, key=lambda point: point["acc"])
     return None, (
         f"lucidrl never reached TRL's final accuracy {target:.3f} (TRL: {trl_s:.0f} s); its best was "
-        f"{best[2]:.3f} at step {best[0]}: no ratio"
+        f"{best['acc']:.3f} at step {best['step']}: no ratio"
     )
+
+
+def run_seed(args: argparse.Namespace, seed: int, data: Path | None, work: Path) -> dict:
+    """Both frameworks from the same model with one training seed, one after the other: the run's
+    summary (what --json holds for it). Each worker's saved weights go with `work` when it is done."""
+    results = {}
+    for kind in ("lucidrl", "trl"):
+        (work / kind).mkdir(parents=True)
+        results[kind] = run_worker(kind, args, seed, data, work / kind)
+        shutil.rmtree(work / kind)  # a float32 copy of the model per evaluated step
+        print(f"  seed {seed}, {kind}: done, {results[kind]['curve'][-1][1]:.0f} s of training", flush=True)
+    names = ("step", "train_s", "acc")
+    curves = {
+        kind: [dict(zip(names, point, strict=True)) for point in res["curve"]]
+        for kind, res in results.items()
+    }
+    return {
+        "setting": args.setting,
+        "model": args.model if args.setting == "smollm2" else str(Path(args.from_demo) / "sft" / "final"),
+        "steps": args.steps,
+        "eval_every": args.eval_every,
+        "n_eval": results["lucidrl"]["n_eval"],
+        "threads": args.threads,
+        "seed": seed,
+        "recipe": results["trl"]["recipe"],
+        "trl_bf16_autocast": results["trl"]["bf16_autocast"],
+        "curves": curves,
+        "step_s": {kind: res["step_s"] for kind, res in results.items()},
+        "train": {kind: res["train"] for kind, res in results.items()},
+        "reached": reached(curves["lucidrl"], curves["trl"], args.eval_every)[0],
+    }
+
+
+def print_run(run: dict) -> None:
+    """One seed's tables: held-out accuracy against training time, the training batches, the verdict."""
+    r, lucid, trl = run["recipe"], run["curves"]["lucidrl"], run["curves"]["trl"]
+    kl = f"k3 KL {r['kl']}" if r["kl"] else "no KL"
+    print(
+        f"\nGRPO from {run['model']} ({run['setting']}): {r['prompts']} prompts x {r['n']} samples per step, "
+        f"T={r['temperature']}, <= {r['max_new']} new tokens, lr {r['lr']} ({r['warmup']} warm-up steps), {kl}, "
+        f"{'bf16 compute over float32 weights' if r['bf16'] else 'float32'}, {run['threads']} threads, "
+        f"seed {run['seed']}; held-out greedy accuracy on {run['n_eval']} prompts (the same evaluator for both)\n"
+    )
+    print(f"{'step':>5s} {'lucidrl acc':>12s} {'lucidrl train s':>16s} {'TRL acc':>8s} {'TRL train s':>12s}")
+    for lp, tp in zip(lucid, trl, strict=True):
+        print(
+            f"{lp['step']:5d} {lp['acc']:12.3f} {lp['train_s']:16.0f} {tp['acc']:8.3f} {tp['train_s']:12.0f}"
+        )
+    print(
+        "\neach step's training batch (before its update): mean reward, format rate, mean response tokens,\n"
+        "and the update's gradient norm before clipping\n"
+        f"{'step':>5s} {'lucidrl reward':>15s} {'format':>7s} {'tokens':>7s} {'grad':>7s} {'TRL reward':>11s} "
+        f"{'format':>7s} {'tokens':>7s} {'grad':>7s}"
+    )
+    for step, (lt, tt) in enumerate(zip(run["train"]["lucidrl"], run["train"]["trl"], strict=True), 1):
+        print(
+            f"{step:5d} {lt['score']:15.3f} {lt['format']:7.3f} {lt['length']:7.1f} {lt['grad_norm']:7.3f} "
+            f"{tt['score']:11.3f} {tt['format']:7.3f} {tt['length']:7.1f} {tt['grad_norm']:7.3f}"
+        )
+    last, tlast, steps = lucid[-1], trl[-1], run["steps"]
+    print(
+        f"\nfinal: lucidrl {last['acc']:.3f} in {last['train_s']:.0f} s, TRL {tlast['acc']:.3f} in "
+        f"{tlast['train_s']:.0f} s (start {lucid[0]['acc']:.3f}); per step {last['train_s'] / steps:.1f} s "
+        f"against {tlast['train_s'] / steps:.1f} s"
+    )
+    print(reached(lucid, trl, run["eval_every"])[1])
+
+
+def mean_curves(runs: list[dict]) -> dict[str, list[dict]]:
+    """Each framework's curve averaged over the runs (seeds), point by point: mean accuracy and mean
+    training seconds at each evaluated step. The runs must share the setting, steps and evaluation points."""
+    keys = ("setting", "model", "steps", "eval_every", "n_eval")
+    first = runs[0]
+    for run in runs[1:]:
+        for key in keys:
+            if run[key] != first[key]:
+                sys.exit(
+                    f"seed {run['seed']}'s run has {key}={run[key]!r}, seed {first['seed']}'s {first[key]!r}: "
+                    "only runs of the same setting, steps and evaluation points average"
+                )
+    return {
+        kind: [
+            {
+                "step": points[0]["step"],
+                "train_s": sum(p["train_s"] for p in points) / len(points),
+                "acc": sum(p["acc"] for p in points) / len(points),
+            }
+            for points in zip(*(run["curves"][kind] for run in runs), strict=True)
+        ]
+        for kind in ("lucidrl", "trl")
+    }
+
+
+def print_seeds(runs: list[dict]) -> dict:
+    """The runs side by side, one line a seed, then both curves averaged over the seeds and when
+    lucidrl's mean curve reached TRL's mean final accuracy. Returns the mean curves and that point."""
+    print(
+        f"\n{len(runs)} seeds: per-seed results\n"
+        f"{'seed':>5s} {'lucidrl s/step':>15s} {'TRL s/step':>11s} {'faster':>7s} {'lucidrl final':>14s} "
+        f"{'TRL final':>10s} {'reached at step':>16s} {'ratio':>6s}"
+    )
+    met = 0
+    for run in runs:
+        lucid, trl, hit = run["curves"]["lucidrl"], run["curves"]["trl"], run["reached"]
+        ls, ts = lucid[-1]["train_s"] / run["steps"], trl[-1]["train_s"] / run["steps"]
+        met += hit is not None and hit["ratio"] <= 1 / 3
+        where = f"{hit['step']:16d} {hit['ratio']:6.2f}" if hit else f"{'never':>16s} {'-':>6s}"
+        print(
+            f"{run['seed']:5d} {ls:15.1f} {ts:11.1f} {ts / ls:6.2f}x {lucid[-1]['acc']:14.3f} "
+            f"{trl[-1]['acc']:10.3f} {where}"
+        )
+    mean = mean_curves(runs)
+    print(f"\nthe curves averaged over the {len(runs)} seeds\n")
+    print(f"{'step':>5s} {'lucidrl acc':>12s} {'lucidrl train s':>16s} {'TRL acc':>8s} {'TRL train s':>12s}")
+    for lp, tp in zip(mean["lucidrl"], mean["trl"], strict=True):
+        print(
+            f"{lp['step']:5d} {lp['acc']:12.3f} {lp['train_s']:16.0f} {tp['acc']:8.3f} {tp['train_s']:12.0f}"
+        )
+    hit, line = reached(mean["lucidrl"], mean["trl"], runs[0]["eval_every"])
+    print(f"\ngoal met in {met} of {len(runs)} seeds; on the mean curves, {line}")
+    return {"seeds": [run["seed"] for run in runs], "curves": mean, "reached": hit, "seeds_met": met}
+
+
+def load_runs(paths: list[str]) -> list[dict]:
+    """The runs in --json files this script wrote (one seed's summary, or {"runs": [...]})."""
+    runs = []
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            sys.exit(f"--combine {path}: cannot read it as this script's --json output ({e})")
+        found = data["runs"] if isinstance(data, dict) and "runs" in data else [data]
+        if not all(isinstance(run, dict) and {"seed", "curves", "reached"} <= run.keys() for run in found):
+            sys.exit(f"--combine {path}: not this script's --json output (no seed, curves and reached)")
+        runs += found
+    seeds = [run["seed"] for run in runs]
+    if len(set(seeds)) != len(seeds):
+        sys.exit(f"--combine: seeds {seeds} repeat; give each seed's run once")
+    return runs
 
 
 def main() -> None:
@@ -501,12 +649,32 @@ def main() -> None:
     )
     p.add_argument("--n-val", type=int, help="evaluate on the first N held-out prompts only (default: all)")
     p.add_argument("--threads", type=int, default=2, help="torch threads in each worker (default 2)")
-    p.add_argument("--seed", type=int, default=0, help="both frameworks' training seed (default 0)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="training seeds, both frameworks each, one after the other; with several, a table of all "
+        "and the curves averaged over them (default 0)",
+    )
     p.add_argument("--json", help="write the curves and the result to this file")
+    p.add_argument(
+        "--combine",
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: print the seeds' table and mean curves of runs this script wrote with --json",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.combine:
+        runs = load_runs(args.combine)
+        for run in runs:
+            print_run(run)
+        if len(runs) > 1:
+            print_seeds(runs)
+        return
     args.setting = args.setting or ("kk" if args.from_demo else "smollm2")
     if args.setting == "kk" and not args.from_demo:
         sys.exit("--setting kk starts from a scarce-labels seed folder: give --from-demo DIR/seed0")
@@ -516,6 +684,8 @@ def main() -> None:
     for key in ("steps", "eval_every", "n_val", "threads"):
         if getattr(args, key) is not None and getattr(args, key) < 1:
             sys.exit(f"--{key.replace('_', '-')} {getattr(args, key)}: must be >= 1")
+    if len(set(args.seeds)) != len(args.seeds):
+        sys.exit(f"--seeds {' '.join(map(str, args.seeds))}: a seed repeats")
 
     if args.worker:
         torch.set_num_threads(args.threads)
@@ -524,11 +694,13 @@ def main() -> None:
         else:
             setting = smollm2_setting(Path(args.model), Path(args.data))
         fn = worker_lucidrl if args.worker == "lucidrl" else worker_trl
-        out = fn(setting, args.steps, args.eval_every, args.n_val, Path(args.work), args.threads, args.seed)
+        out = fn(
+            setting, args.steps, args.eval_every, args.n_val, Path(args.work), args.threads, args.seeds[0]
+        )
         print(json.dumps(out))
         return
 
-    results = {}
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         data = None
         if args.setting == "smollm2":
@@ -537,64 +709,14 @@ def main() -> None:
             write_word_problems(data)
         else:
             kk_setting(Path(args.from_demo))
-        for kind in ("lucidrl", "trl"):
-            os.makedirs(Path(tmp) / kind, exist_ok=True)
-            results[kind] = run_worker(kind, args, data, Path(tmp) / kind)
-            print(f"  {kind}: done, {results[kind]['curve'][-1][1]:.0f} s of training", flush=True)
-    lucid, trl, r = results["lucidrl"]["curve"], results["trl"]["curve"], results["trl"]["recipe"]
-    model = args.model if args.setting == "smollm2" else str(Path(args.from_demo) / "sft" / "final")
-    kl = f"k3 KL {r['kl']}" if r["kl"] else "no KL"
-    print(
-        f"\nGRPO from {model} ({args.setting}): {r['prompts']} prompts x {r['n']} samples per step, T={r['temperature']}, "
-        f"<= {r['max_new']} new tokens, lr {r['lr']} ({r['warmup']} warm-up steps), {kl}, "
-        f"{'bf16 compute over float32 weights' if r['bf16'] else 'float32'}, {args.threads} threads, seed {args.seed}; held-out "
-        f"greedy accuracy on {results['lucidrl']['n_eval']} prompts (the same evaluator for both)\n"
-    )
-    print(f"{'step':>5s} {'lucidrl acc':>12s} {'lucidrl train s':>16s} {'TRL acc':>8s} {'TRL train s':>12s}")
-    for (step, ls, la), (_, ts, ta) in zip(lucid, trl, strict=True):
-        print(f"{step:5d} {la:12.3f} {ls:16.0f} {ta:8.3f} {ts:12.0f}")
-    print(
-        "\neach step's training batch (before its update): mean reward, format rate, mean response tokens,\n"
-        "and the update's gradient norm before clipping\n"
-        f"{'step':>5s} {'lucidrl reward':>15s} {'format':>7s} {'tokens':>7s} {'grad':>7s} {'TRL reward':>11s} "
-        f"{'format':>7s} {'tokens':>7s} {'grad':>7s}"
-    )
-    for step, (lt, tt) in enumerate(
-        zip(results["lucidrl"]["train"], results["trl"]["train"], strict=True), 1
-    ):
-        print(
-            f"{step:5d} {lt['score']:15.3f} {lt['format']:7.3f} {lt['length']:7.1f} {lt['grad_norm']:7.3f} "
-            f"{tt['score']:11.3f} {tt['format']:7.3f} {tt['length']:7.1f} {tt['grad_norm']:7.3f}"
-        )
-    (steps, ls, la), (_, ts, ta) = lucid[-1], trl[-1]
-    print(
-        f"\nfinal: lucidrl {la:.3f} in {ls:.0f} s, TRL {ta:.3f} in {ts:.0f} s (start {lucid[0][2]:.3f}); "
-        f"per step {ls / steps:.1f} s against {ts / steps:.1f} s"
-    )
-    hit, line = reached(lucid, trl, args.eval_every)
-    print(line)
+        for seed in args.seeds:
+            runs.append(run_seed(args, seed, data, Path(tmp) / f"seed{seed}"))
+            print_run(runs[-1])
+    mean = print_seeds(runs) if len(runs) > 1 else None
     if args.json:
-        names = ("step", "train_s", "acc")
-        summary = {
-            "setting": args.setting,
-            "model": model,
-            "steps": steps,
-            "eval_every": args.eval_every,
-            "n_eval": results["lucidrl"]["n_eval"],
-            "threads": args.threads,
-            "seed": args.seed,
-            "recipe": r,
-            "trl_bf16_autocast": results["trl"]["bf16_autocast"],
-            "curves": {
-                kind: [dict(zip(names, point, strict=True)) for point in res["curve"]]
-                for kind, res in results.items()
-            },
-            "step_s": {kind: res["step_s"] for kind, res in results.items()},
-            "train": {kind: res["train"] for kind, res in results.items()},
-            "reached": hit,
-        }
+        out = runs[0] if len(runs) == 1 else {"runs": runs, "mean": mean}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
         print(f"curves: {args.json}")
 
 
