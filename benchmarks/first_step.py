@@ -8,7 +8,7 @@ Each `--loops` entry sets `rollout.decode_loop`: lucidrl's own loop ("lucidrl") 
 step, the step's training reward, the share of groups with mixed scores (the only ones with a gradient),
 and the update's gradient norm; then each loop's mean and standard deviation over the seeds.
 
-Held-out accuracy after one step moves by tens of points from seed to seed (an AdamW first step moves
+Held-out accuracy after one step moves a long way from seed to seed (an AdamW first step moves
 every weight by about the learning rate, in the direction its gradient's sign gives, and which samples
 a seed draws decides that), so a difference between two ways of sampling shows only over many seeds.
 

@@ -42,8 +42,8 @@ the `grad_norm` TRL's Trainer logs): both losses are a token-mean over the step'
 two should be close, and a gap would say the two weigh tokens differently. The last line says when lucidrl's curve first reached TRL's
 final accuracy, and the ratio of its training time then to TRL's whole (the goal: at most a third).
 
-Which framework learns more in a few steps moves by 20-40 points from seed to seed (each draws its own
-samples), so one seed's verdict is mostly its draw. With several `--seeds` each runs both frameworks
+Which framework learns more in a few steps changes from seed to seed (each draws its own samples), so
+one seed's verdict is mostly its draw (benchmarks/README.md has the spread). With several `--seeds` each runs both frameworks
 in turn and gets its own tables; a last table puts the seeds side by side, and both curves averaged
 over the seeds (accuracy and training time, point by point) give the verdict on the mean as well as
 the count of seeds that met the goal. `--combine` prints the same from --json files of runs made apart.
