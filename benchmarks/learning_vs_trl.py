@@ -525,6 +525,15 @@ def run_seed(args: argparse.Namespace, seed: int, data: Path | None, work: Path)
     }
 
 
+def print_curves(lucid: list[dict], trl: list[dict]) -> None:
+    """Both held-out curves side by side: accuracy and training seconds at each evaluated step."""
+    print(f"{'step':>5s} {'lucidrl acc':>12s} {'lucidrl train s':>16s} {'TRL acc':>8s} {'TRL train s':>12s}")
+    for lp, tp in zip(lucid, trl, strict=True):
+        print(
+            f"{lp['step']:5d} {lp['acc']:12.3f} {lp['train_s']:16.0f} {tp['acc']:8.3f} {tp['train_s']:12.0f}"
+        )
+
+
 def print_run(run: dict) -> None:
     """One seed's tables: held-out accuracy against training time, the training batches, the verdict."""
     r, lucid, trl = run["recipe"], run["curves"]["lucidrl"], run["curves"]["trl"]
@@ -535,11 +544,7 @@ def print_run(run: dict) -> None:
         f"{'bf16 compute over float32 weights' if r['bf16'] else 'float32'}, {run['threads']} threads, "
         f"seed {run['seed']}; held-out greedy accuracy on {run['n_eval']} prompts (the same evaluator for both)\n"
     )
-    print(f"{'step':>5s} {'lucidrl acc':>12s} {'lucidrl train s':>16s} {'TRL acc':>8s} {'TRL train s':>12s}")
-    for lp, tp in zip(lucid, trl, strict=True):
-        print(
-            f"{lp['step']:5d} {lp['acc']:12.3f} {lp['train_s']:16.0f} {tp['acc']:8.3f} {tp['train_s']:12.0f}"
-        )
+    print_curves(lucid, trl)
     print(
         "\neach step's training batch (before its update): mean reward, format rate, mean response tokens,\n"
         "and the update's gradient norm before clipping\n"
@@ -605,11 +610,7 @@ def print_seeds(runs: list[dict]) -> dict:
         )
     mean = mean_curves(runs)
     print(f"\nthe curves averaged over the {len(runs)} seeds\n")
-    print(f"{'step':>5s} {'lucidrl acc':>12s} {'lucidrl train s':>16s} {'TRL acc':>8s} {'TRL train s':>12s}")
-    for lp, tp in zip(mean["lucidrl"], mean["trl"], strict=True):
-        print(
-            f"{lp['step']:5d} {lp['acc']:12.3f} {lp['train_s']:16.0f} {tp['acc']:8.3f} {tp['train_s']:12.0f}"
-        )
+    print_curves(mean["lucidrl"], mean["trl"])
     hit, line = reached(mean["lucidrl"], mean["trl"], runs[0]["eval_every"])
     print(f"\ngoal met in {met} of {len(runs)} seeds; on the mean curves, {line}")
     return {"seeds": [run["seed"] for run in runs], "curves": mean, "reached": hit, "seeds_met": met}
