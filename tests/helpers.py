@@ -20,6 +20,22 @@ def compute_score(data_source, solution_str, ground_truth, extra_info):
 """
 
 
+def end_rank() -> None:
+    """The last call of a rank spawned by a test: destroy its process groups and exit at once.
+
+    FSDP2's DTensors and device mesh keep torch's gloo process groups, and their worker threads,
+    alive past `destroy_process_group` into the interpreter's shutdown, and tearing them down there
+    aborts the process once in a while ("terminate called without an active exception", SIGABRT).
+    The rank has saved what the test reads by now; `os._exit` skips that shutdown.
+    """
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def toy_train_args(tmp_path, kk_data, tiny_model) -> list[str]:
     """`lucidrl train` arguments for the tiny model on K&K prompts with TOY_REWARD, run in tmp_path/run."""
     reward = tmp_path / "reward.py"

@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import end_rank
 
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig, OptimConfig
@@ -109,7 +110,7 @@ def _rank(rank: int, port: int, model_path: str, strategy: str, out: str) -> Non
     if rank == 0:
         torch.save({"counts": counts, "state": state}, f"{out}/rank0.pt")
     torch.save({"log_probs": log_probs}, f"{out}/lp{rank}.pt")
-    dist.destroy_process_group()
+    end_rank()
 
 
 def _free_port() -> int:
@@ -218,7 +219,7 @@ def _skip_rank(rank: int, port: int, model_path: str, strategy: str, out: str) -
         {"forwards": forwards, "metrics": metrics, "state": state if rank == 0 else None},
         f"{out}/skip{rank}.pt",
     )
-    dist.destroy_process_group()
+    end_rank()
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
+from helpers import end_rank
 
 from lucidrl.models import load_model
 from lucidrl.workers.weight_push import probe_ids, probe_log_probs, rollout_weights
@@ -72,7 +73,7 @@ def _fsdp_rank(rank: int, path: str, port: int, out: str) -> None:
     sent = dict(rollout_weights(model))
     if rank == 0:
         torch.save({"sent": sent, "local_shapes": shapes}, out)
-    dist.destroy_process_group()
+    end_rank()
 
 
 @pytest.mark.slow
