@@ -98,10 +98,11 @@ def main() -> None:
     print(f"\n{'decode loop':<13s} {'seeds':>5s} {'mean acc':>9s} {'sd':>6s} {'se':>6s}")
     for loop, by_seed in rows.items():
         accs = [r["acc"] for r in by_seed.values()]
-        sd = statistics.stdev(accs) if len(accs) > 1 else float("nan")
-        print(
-            f"{loop:<13s} {len(accs):5d} {statistics.mean(accs):9.3f} {sd:6.3f} {sd / len(accs) ** 0.5:6.3f}"
-        )
+        spread = "     -      -"  # one seed has no spread
+        if len(accs) > 1:
+            sd = statistics.stdev(accs)
+            spread = f"{sd:6.3f} {sd / len(accs) ** 0.5:6.3f}"
+        print(f"{loop:<13s} {len(accs):5d} {statistics.mean(accs):9.3f} {spread}")
 
 
 if __name__ == "__main__":
