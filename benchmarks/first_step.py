@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from learning_vs_trl import (
     DEFAULT_MODEL,
+    check_seeds,
     greedy_accuracy,
     lucidrl_config,
     smollm2_setting,
@@ -71,8 +72,7 @@ def main() -> None:
     )
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     args = p.parse_args()
-    if len(set(args.seeds)) != len(args.seeds):
-        sys.exit(f"--seeds {' '.join(map(str, args.seeds))}: a seed repeats")
+    check_seeds(args.seeds)
     torch.set_num_threads(args.threads)
     rows: dict[str, dict[int, dict[str, float]]] = {loop: {} for loop in args.loops}
     with tempfile.TemporaryDirectory() as tmp:

@@ -616,6 +616,12 @@ def print_seeds(runs: list[dict]) -> dict:
     return {"seeds": [run["seed"] for run in runs], "curves": mean, "reached": hit, "seeds_met": met}
 
 
+def check_seeds(seeds: list[int]) -> None:
+    """Exit naming --seeds when a seed repeats (its run would be counted twice)."""
+    if len(set(seeds)) != len(seeds):
+        sys.exit(f"--seeds {' '.join(map(str, seeds))}: a seed repeats")
+
+
 def load_runs(paths: list[str]) -> list[dict]:
     """The runs in --json files this script wrote (one seed's summary, or {"runs": [...]})."""
     runs = []
@@ -685,8 +691,7 @@ def main() -> None:
     for key in ("steps", "eval_every", "n_val", "threads"):
         if getattr(args, key) is not None and getattr(args, key) < 1:
             sys.exit(f"--{key.replace('_', '-')} {getattr(args, key)}: must be >= 1")
-    if len(set(args.seeds)) != len(args.seeds):
-        sys.exit(f"--seeds {' '.join(map(str, args.seeds))}: a seed repeats")
+    check_seeds(args.seeds)
 
     if args.worker:
         torch.set_num_threads(args.threads)

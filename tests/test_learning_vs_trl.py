@@ -63,12 +63,14 @@ def test_reached_is_the_first_point_at_or_above_trls_final(lvt):
 
 
 def test_mean_curves_average_each_point_and_the_mean_decides(lvt, capsys):
-    for run in (SEED0, SEED1):
-        run["reached"] = lvt.reached(run["curves"]["lucidrl"], run["curves"]["trl"], 1)[0]
-    mean = lvt.mean_curves([SEED0, SEED1])
+    runs = [
+        {**run, "reached": lvt.reached(run["curves"]["lucidrl"], run["curves"]["trl"], 1)[0]}
+        for run in (SEED0, SEED1)
+    ]
+    mean = lvt.mean_curves(runs)
     assert [p["acc"] for p in mean["lucidrl"]] == pytest.approx([0.07, 0.17, 0.335, 0.49])
     assert [p["train_s"] for p in mean["trl"]] == pytest.approx([0, 410, 815, 1200])
-    summary = lvt.print_seeds([SEED0, SEED1])
+    summary = lvt.print_seeds(runs)
     out = capsys.readouterr().out
     # one seed of two met the goal; the averages cross at step 2 (0.335 >= TRL's mean final 0.315)
     assert summary["seeds_met"] == 1 and summary["seeds"] == [0, 1]
