@@ -315,6 +315,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         prompt_key=args.prompt_key,
         reward_function=args.reward,
         compute_dtype=args.compute_dtype,
+        stop_regex=args.stop_regex,
     )
     if args.json:  # first: the results are kept whatever printing them does
         out = Path(args.json)
@@ -403,6 +404,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     chosen = {
         f.name: getattr(args, f.name) for f in fields(DemoPlan) if getattr(args, f.name, None) is not None
     }
+    if args.no_stop_rule:
+        chosen["stop_regex"] = None
     run_demo(Path(args.out), seeds=args.seeds, plan=DemoPlan(**chosen), model=args.model)
     return 0
 
@@ -489,6 +492,12 @@ def build_parser() -> argparse.ArgumentParser:
             type=kind,
             help=f"{what} (default {getattr(DemoPlan, flag)})",
         )
+    demo.add_argument(
+        "--no-stop-rule",
+        action="store_true",
+        help="let responses run on after they state their answer, to an eos or the length limit (default: "
+        "each ends once it has stated a number after 'answer is')",
+    )
     demo.set_defaults(fn=_cmd_demo)
 
     experiment = sub.add_parser("experiment", help="experiments beyond the demo").add_subparsers(
@@ -679,6 +688,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=256,
         help="response length limit (default 256; K&K reasoning traces need up to 160 at 2 people, 448 at 3); "
         "responses cut at it are counted and warned about",
+    )
+    ev.add_argument(
+        "--stop-regex",
+        default=None,
+        metavar="PATTERN",
+        help="end each response with the token after which its text first matches PATTERN, as a run's "
+        "rollout.stop_regex does (evaluate a model trained with one under the same rule)",
     )
     ev.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows")
     ev.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON to OUT")

@@ -132,3 +132,18 @@ def test_eager_attention_only_under_bf16_compute_on_an_amx_cpu(monkeypatch, tmp_
         assert DemoPlan(attn_implementation="sdpa").resolved_attn_implementation() == "sdpa"  # asked for
         cfg = grpo_config("m", {"train": "t", "val": "v"}, tmp_path, DemoPlan(), seed=0)
         assert cfg["model"]["attn_implementation"] == expected
+
+
+def test_the_demo_ends_answers_by_its_stop_rule_unless_told_not_to(monkeypatch, tmp_path):
+    from lucidrl.demo import run as demo_run
+    from lucidrl.rewards.word_problems import STOP_AFTER_ANSWER
+
+    files = {"train": "t.parquet", "val": "v.parquet"}
+    assert demo_run.grpo_config("m", files, tmp_path, DemoPlan(), 0)["rollout"]["stop_regex"] == STOP_AFTER_ANSWER
+    plans = []
+    monkeypatch.setattr(demo_run, "run_demo", lambda out, seeds, plan, model: plans.append(plan))
+    assert main(["demo", "--out", str(tmp_path)]) == 0
+    assert main(["demo", "--out", str(tmp_path), "--no-stop-rule", "--steps", "2"]) == 0
+    assert plans[0].stop_regex == STOP_AFTER_ANSWER
+    assert plans[1].stop_regex is None and plans[1].steps == 2
+    assert demo_run.grpo_config("m", files, tmp_path, plans[1], 0)["rollout"]["stop_regex"] is None

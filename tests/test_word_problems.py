@@ -187,3 +187,30 @@ def test_cli_writes_the_files_and_refuses_unknown_operations(tmp_path, capsys):
     assert "--ops 'add,div'" in capsys.readouterr().err
     assert main(["data", "word-problems", "--ops", "mul", "--val", "100", "--out", str(tmp_path / "f")]) == 2
     assert "only 64 exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "text, stops_after",
+    [
+        ("Lena has 29. The answer is 29. The answer is 29.", "The answer is 29. "),
+        ("So the answer is: **1,000** crayons", "The answer is: **1,000*"),
+        ("The answer is 4.25 kg.", "The answer is 4.25 "),
+        ("The answer is 42", None),  # not yet known to be whole: nothing after the number
+        ("The answer is 42.", None),
+        ("I think 42. Maybe 43.", None),
+    ],
+)
+def test_the_stop_rule_ends_a_response_once_its_whole_answer_is_stated(text, stops_after):
+    """STOP_AFTER_ANSWER on a text growing character by character, as the rollout checks it per token: the
+    shortest matching prefix, and what the reward reads there is the first answer given."""
+    from lucidrl.rewards.word_problems import STOP_AFTER_ANSWER
+
+    rule = re.compile(STOP_AFTER_ANSWER)
+    first = next((k for k in range(1, len(text) + 1) if rule.search(text[:k])), None)
+    if stops_after is None:
+        assert first is None
+        return
+    kept = text[:first]
+    assert kept.lower().endswith(stops_after.lower())
+    answer = stops_after.split("is")[-1].strip(" :*.").replace(",", "")
+    assert compute_score(kept, answer, {"format": "answer_is"})["score"] == 1.0

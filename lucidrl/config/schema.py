@@ -233,6 +233,10 @@ class RolloutConfig:
     temperature: Annotated[float, Range("> 0", "the logits are divided by it")] = 1.0
     top_p: TopP = 1.0  # nucleus sampling of training rollouts; 1: none
     top_k: TopK = -1  # -1: no top-k filtering
+    # a response ends with the token after which its text first matches this Python regular expression (as
+    # SGLang's stop_regex), in training and validation rollouts and in every engine; what follows is
+    # padding, never scored or trained on (docs/rollout_engines.md, "Stop rule"). None: eos or the limit
+    stop_regex: str | None = None
     # samples per decoding call (hf engine): one large call decodes faster than several small ones (the
     # prompts' cache is held once, not per sample; benchmarks/decode_cpu.py); lower it if generation runs
     # out of memory

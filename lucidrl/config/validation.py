@@ -411,8 +411,34 @@ def _validate_multi_turn(cfg: LucidConfig) -> None:
         )
 
 
+def check_stop_regex(pattern: str, where: str) -> re.Pattern[str]:
+    """`pattern` compiled; ConfigError naming it and `where` it came from when it does not compile or
+    matches the empty text (it would then end every response after its first token)."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise ConfigError(
+            f"{where}={pattern!r} is not a Python regular expression ({e}); escape literal characters "
+            "such as . ( [ with a backslash, or write a plain string through re.escape"
+        ) from None
+    if regex.search("") is not None:
+        raise ConfigError(
+            f"{where}={pattern!r} matches the empty text, so it would end every response after its first "
+            "token; write a pattern that needs the text the answer ends with (e.g. r'answer is -?\\d+\\D')"
+        )
+    return regex
+
+
 def _validate_rollout_engine(cfg: LucidConfig) -> None:
     r = cfg.rollout
+    if r.stop_regex is not None:
+        check_stop_regex(r.stop_regex, "rollout.stop_regex")
+        if r.multi_turn.enable:
+            raise ConfigError(
+                f"rollout.stop_regex={r.stop_regex!r} with rollout.multi_turn.enable=true: the rule ends a "
+                "single-turn response, and a conversation's turns end at the tool call or the environment's "
+                "reply; drop one of the two"
+            )
     if r.name == "server":
         sv = r.server
         if (sv.base_url is None) == (sv.host is None or sv.port is None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lucidrl.diagnostics.errors import UsageError
+from lucidrl.rewards.word_problems import STOP_AFTER_ANSWER
 
 
 @dataclass
@@ -22,6 +23,10 @@ class DemoPlan:
     prompts: int = 16  # prompts per step
     n: int = 8  # samples per prompt (GRPO's group)
     max_new_tokens: int = 64
+    # rollout.stop_regex: a response ends once it has stated its answer. Without it trained answers run on
+    # past "The answer is N.", repeating it to the length limit, and the reward (the last answer given)
+    # keeps rewarding that on some seeds (docs/demo.md); None: eos or the limit only
+    stop_regex: str | None = STOP_AFTER_ANSWER
     lr: float = 5e-5
     warmup_steps: int = 0  # 0: no warm-up, the first step at the full lr
     kl_coef: float = 0.0  # 0: no reference model, no KL (the verifier alone)

@@ -55,7 +55,7 @@ def grpo_config(model: str, files: dict[str, str], run_dir: Path, plan: DemoPlan
             "train_batch_size": plan.prompts,
             "seed": seed,
         },
-        "rollout": {"n": plan.n, "temperature": plan.temperature},
+        "rollout": {"n": plan.n, "temperature": plan.temperature, "stop_regex": plan.stop_regex},
         "actor": {
             "optim": {"lr": plan.lr, "warmup_steps": plan.warmup_steps},
             "ppo_mini_batch_size": plan.prompts,  # one update per step: on-policy

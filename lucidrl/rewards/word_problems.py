@@ -10,6 +10,9 @@ A row's `extra_info["format"]` names the format its prompt asked for (rows witho
 
 Besides the score it reports `format_ok`: whether the response gives a number in the asked format at
 all, so a run and `lucidrl eval` show the format being learnt apart from the arithmetic.
+
+`STOP_AFTER_ANSWER` is the `rollout.stop_regex` for the `answer_is` format: the response ends once it
+has stated a whole number after "answer is", so what the reward reads is the first answer given.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ PATTERNS = {
     "answer_is": re.compile(r"answer is:?\s*\**\s*\$?\s*" + _NUMBER, re.IGNORECASE),
     "gsm8k": re.compile(r"####\s*\**\s*\$?\s*" + _NUMBER),
 }
+# the answer_is pattern, and a character after the number that shows it is whole: not a digit, comma or
+# point, or a point that no digit follows ("42." stops at what comes after the point; "4.2" and "1,000"
+# are not cut inside)
+STOP_AFTER_ANSWER = "(?i)" + PATTERNS["answer_is"].pattern + r"(?=[^\d,.]|\.[^\d])"
 
 
 def compute_score(solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, float]:

@@ -16,12 +16,15 @@ from typing import Any
 import torch
 
 from lucidrl.batch import Batch
+from lucidrl.config.errors import ConfigError
+from lucidrl.config.validation import check_stop_regex
 from lucidrl.data.dataset import DatasetError, PromptSample, collate, load_prompts, row_of
 from lucidrl.diagnostics.errors import UsageError
 from lucidrl.rewards.kk import people_count
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.rewards.registry import check_data_sources
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+from lucidrl.workers.stop_rule import STOPPED_FIELD
 
 MODES = ("greedy", "sampled")
 
@@ -98,6 +101,8 @@ def _generate_and_score(
         # was not); every response holds at least one token, the mask taking in the first eos
         last = batch["responses"].gather(-1, (lengths - 1)[:, None]).squeeze(-1)
         ended = torch.isin(last, torch.tensor(rollout.eos_ids))
+        if STOPPED_FIELD in batch:  # ended by the stop rule (--stop-regex)
+            ended |= batch[STOPPED_FIELD]
         per_sample["truncated"].extend(float(x) for x in (~ended).tolist())
     return per_sample
 
@@ -143,6 +148,7 @@ def evaluate(
     reward_function: str | None = None,
     sampled: bool = True,
     compute_dtype: str = "float32",
+    stop_regex: str | None = None,
 ) -> dict[str, Any]:
     """Generate greedily and k samples per prompt with the model at `model_path`; score; summarise.
 
@@ -166,11 +172,17 @@ def evaluate(
     with one is scored by it, not by the built-in rule of its data_source. `compute_dtype="bfloat16"`
     decodes under bf16 autocast over float32 weights, as a run with model.compute_dtype=bfloat16
     validates: greedy decoding can pick other tokens in bf16, so compare a model with a run's own
-    validation in the run's compute dtype.
+    validation in the run's compute dtype. `stop_regex` ends each response as a run's rollout.stop_regex
+    does: evaluate a model trained with one under the same rule.
     """
     from lucidrl.models import check_tokenizer_matches_model, load_model, load_tokenizer
 
     _check_settings(k, temperature, max_new_tokens, limit, batch_size)
+    if stop_regex is not None:
+        try:
+            check_stop_regex(stop_regex, "--stop-regex")
+        except ConfigError as e:
+            raise EvaluationError(str(e)) from None
     if compute_dtype not in COMPUTE_DTYPES:
         raise EvaluationError(
             f"--compute-dtype={compute_dtype!r}: must be one of {', '.join(COMPUTE_DTYPES)} (float32 weights "
@@ -204,10 +216,12 @@ def evaluate(
     reward = RuleRewardManager.from_config(tokenizer, path or None, name or "compute_score")
     if not path:  # the built-in rules: every row's data_source needs one, checked before generating
         check_data_sources(((s.data_source, row_of(s)) for s in samples), "--data")
-    modes = {"greedy": SamplingParams(n=1, do_sample=False, max_new_tokens=max_new_tokens)}
+    modes = {
+        "greedy": SamplingParams(n=1, do_sample=False, max_new_tokens=max_new_tokens, stop_regex=stop_regex)
+    }
     if sampled:
         modes["sampled"] = SamplingParams(
-            n=k, do_sample=True, temperature=temperature, max_new_tokens=max_new_tokens
+            n=k, do_sample=True, temperature=temperature, max_new_tokens=max_new_tokens, stop_regex=stop_regex
         )
     per_mode: dict[str, dict[str, list[Any]]] = {}
     seconds: dict[str, float] = {}
@@ -248,6 +262,7 @@ def evaluate(
         "k": k,
         "temperature": float(temperature),
         "max_new_tokens": max_new_tokens,
+        "stop_regex": stop_regex,
         "seed": seed,
         "compute_dtype": compute_dtype,
         "reward": reward.name,

@@ -14,6 +14,7 @@ import torch
 from lucidrl.algos import explained_variance
 from lucidrl.batch import Batch, response_attention, response_lengths
 from lucidrl.workers.agent.trajectory import multi_turn_metrics
+from lucidrl.workers.stop_rule import STOPPED_FIELD
 
 
 @contextmanager
@@ -86,6 +87,8 @@ def step_metrics(batch: Batch, max_response_length: int, compare_rollout: bool =
     out.update(_stats("critic/advantages", adv if adv.numel() else torch.zeros(1)))
     out.update(_stats("response_length", resp_len))
     out["response_length/clip_ratio"] = (resp_len >= max_response_length).float().mean().item()
+    if STOPPED_FIELD in batch:  # rollout.stop_regex: the share of responses the rule ended
+        out["response_length/stop_rule_ratio"] = batch[STOPPED_FIELD].float().mean().item()
     out.update(_stats("prompt_length", prompt_len))
     # GRPO learns nothing from a group whose samples all scored the same: watch this fraction
     groups = score_groups(seq_scores, uids)

@@ -294,6 +294,7 @@ def train_sampling(cfg: LucidConfig, step: int = 0) -> SamplingParams:
         top_p=r.top_p,
         top_k=r.top_k,
         max_new_tokens=cfg.data.max_response_length,
+        stop_regex=r.stop_regex,
     )
 
 
@@ -306,4 +307,5 @@ def val_sampling(cfg: LucidConfig) -> SamplingParams:
         top_p=v.top_p,
         top_k=v.top_k,
         max_new_tokens=cfg.data.max_response_length,
+        stop_regex=cfg.rollout.stop_regex,
     )

@@ -8,7 +8,8 @@ step, so a row's tokens do not depend on when other rows end), records the log-p
 token under the temperature-scaled distribution (what the actor's forward computes), and compacts the
 batch as rows reach an eos. Tokens after a row's eos are the pad id; log-probs there are 0. With n > 1
 the samples of a prompt decode over one copy of its cache (shared_prefix.py) where the model allows it
-(model_support.py); the caches are kv_cache.py's.
+(model_support.py); the caches are kv_cache.py's. A stop rule (stop_rule.py) ends a row like an eos, with
+the token that completed its match kept.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from lucidrl.workers.shared_prefix import (
     SharedPrefixUnsupported,
     attention_implementation,
 )
+from lucidrl.workers.stop_rule import StopRule
 from lucidrl.workers.train_state import process_rng_state, set_process_rng_state
 
 # drop finished rows from the cache once this share of the active rows has ended
@@ -125,6 +127,7 @@ def sample_group(
     temperature: float = 1.0,
     top_k: int = -1,
     top_p: float = 1.0,
+    stop: StopRule | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Responses (bs*n, R) and sampling log-probs (bs*n, R) for left-padded prompts (bs, P); rows interleaved.
 
@@ -133,7 +136,7 @@ def sample_group(
     """
     kwargs = dict(
         n=n, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, do_sample=do_sample,
-        temperature=temperature, top_k=top_k, top_p=top_p,
+        temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
     )  # fmt: skip
     check_decode_loop_supported(model)
     if n > 1 and _can_share_prefix(model, prompts.shape[1] + max_new_tokens):
@@ -166,6 +169,7 @@ def _decode(
     temperature: float,
     top_k: int,
     top_p: float,
+    stop: StopRule | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     bs = prompts.shape[0]
     device = prompts.device
@@ -204,7 +208,9 @@ def _decode(
     attn = prompt_mask
     next_pos = positions[:, -1] + 1
     eos = torch.tensor(eos_ids, device=device)
-    finished: torch.Tensor | None = None  # per decoding row: has it emitted an eos yet
+    finished: torch.Tensor | None = None  # per decoding row: has it emitted an eos yet (or met the stop rule)
+    # per output row: its length where the stop rule ended it (tokens after are padding), else the limit
+    stop_at = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)
     draws = RowDraws(rows, device) if do_sample else None
     length = 0
     for t in range(max_new_tokens):
@@ -219,6 +225,13 @@ def _decode(
         logps[active, t] = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
         # a row has ended once it has emitted an eos at any step, not only at this one
         finished = torch.isin(tokens, eos) if finished is None else finished | torch.isin(tokens, eos)
+        if stop is not None:
+            open_rows = (~finished).nonzero().squeeze(-1)
+            ended = stop.matched(responses[active[open_rows], : t + 1].tolist())
+            for i, hit in zip(open_rows.tolist(), ended, strict=True):
+                if hit:
+                    finished[i] = True
+                    stop_at[active[i]] = t + 1
         if bool(finished.all()) or t == max_new_tokens - 1:
             break
         # rows that ended stay in the batch until enough have ended to compact it; their further
@@ -252,7 +265,9 @@ def _decode(
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1
     responses, logps = responses[:, :length], logps[:, :length]
-    # everything after a row's first eos is padding (rows that ended but were not yet compacted kept going)
+    # everything after a row's first eos, or its stop, is padding (rows that ended but were not yet
+    # compacted kept going)
     is_eos = torch.isin(responses, eos)
     after = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    after |= torch.arange(length, device=device)[None, :] >= stop_at[:, None]
     return responses.masked_fill(after, pad_id), logps.masked_fill(after, 0.0)

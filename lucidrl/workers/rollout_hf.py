@@ -6,13 +6,14 @@ import zlib
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteriaList
 
 from lucidrl.algos import logprobs_from_logits
 from lucidrl.batch import Batch
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.decode import sample_group
 from lucidrl.workers.model_support import check_decode_loop_supported
+from lucidrl.workers.stop_rule import STOPPED_FIELD, StopRule, StopRuleCriteria, stop_rule
 
 
 @dataclass
@@ -28,6 +29,9 @@ class SamplingParams:
     # set: each prompt's n samples are generated in their own call from an RNG seeded by (seed, uid),
     # so the samples do not depend on batching or on how prompts are spread over data-parallel ranks
     seed: int | None = None
+    # set: a response ends with the token after which its text first matches this regular expression
+    # (rollout.stop_regex; stop_rule.py), in every engine
+    stop_regex: str | None = None
 
 
 def response_mask_from_ids(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
@@ -59,8 +63,10 @@ def batch_from_token_lists(
     logps: list[list[float]] | None,
     pad_id: int,
     eos_ids: list[int],
+    tokenizer=None,
 ) -> Batch:
-    """Right-pad per-sample token ids (n per prompt, interleaved) into the rollout's output batch."""
+    """Right-pad per-sample token ids (n per prompt, interleaved) into the rollout's output batch; with
+    `params.stop_regex`, cut by that rule (decoded with `tokenizer`)."""
     expanded = batch.repeat(params.n, interleave=True) if params.n > 1 else batch
     if len(ids) != len(expanded):
         raise RuntimeError(f"{len(ids)} responses for {len(expanded)} prompt copies (prompts x n)")
@@ -72,6 +78,12 @@ def batch_from_token_lists(
         responses[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         present[i, : len(row)] = 1
     mask = present * response_mask_from_ids(responses, eos_ids)
+    if params.stop_regex is not None and tokenizer is None:
+        raise ValueError("a stop rule (SamplingParams.stop_regex) needs the tokenizer to read the responses")
+    rule = stop_rule(params.stop_regex, tokenizer, eos_ids)
+    if rule is not None:
+        mask, stopped = rule.cut(responses, mask)
+        expanded.set(STOPPED_FIELD, stopped.to(device))
     expanded.set("responses", responses.masked_fill(mask == 0, pad_id).to(device))
     expanded.set("response_mask", mask.to(device))
     if logps is not None:
@@ -127,6 +139,7 @@ class HFRollout:
         prompts_per_call = 1 if per_prompt else max(1, self.micro_batch_size // params.n)
         was_training = self.model.training
         self.model.eval()
+        rule = stop_rule(params.stop_regex, self.tokenizer, self.eos_ids)
         outs, logps = [], []
         try:
             for chunk in batch.split(prompts_per_call):
@@ -134,7 +147,7 @@ class HFRollout:
                     chunk = _strip_left_padding(chunk)
                     torch.manual_seed(params.seed + zlib.crc32(str(chunk["uid"][0]).encode()))
                 with compute_context(self.model, self.compute_dtype, gqa=False):  # decode.py: prefill only
-                    resp, lp = self._decode(chunk["prompts"], chunk["prompt_mask"], params)
+                    resp, lp = self._decode(chunk["prompts"], chunk["prompt_mask"], params, rule)
                 outs.append(resp)
                 logps.append(lp)
         finally:
@@ -142,6 +155,9 @@ class HFRollout:
         width = max(o.shape[1] for o in outs)
         responses = torch.cat([_pad_right(o, width, self.pad_id) for o in outs])
         mask = response_mask_from_ids(responses, self.eos_ids)
+        if rule is not None:  # the loops stopped such rows; the cut drops what generate padded them with
+            mask, stopped = rule.cut(responses, mask)
+            expanded.set(STOPPED_FIELD, stopped)
         responses = responses.masked_fill(mask == 0, self.pad_id)
         expanded.set("responses", responses)
         expanded.set("response_mask", mask)
@@ -155,7 +171,7 @@ class HFRollout:
         return expanded
 
     def _decode(
-        self, prompts: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
+        self, prompts: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams, rule: StopRule | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """n samples per prompt, interleaved: (bs*n, R) token ids and sampling log-probs."""
         if self.decode_loop == "lucidrl":
@@ -171,6 +187,7 @@ class HFRollout:
                 temperature=params.temperature,
                 top_k=params.top_k,
                 top_p=params.top_p,
+                stop=rule,
             )
         gen_cfg = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
@@ -194,7 +211,12 @@ class HFRollout:
         saved, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
             out = self.model.generate(
-                input_ids=prompts, attention_mask=prompt_mask, generation_config=gen_cfg
+                input_ids=prompts,
+                attention_mask=prompt_mask,
+                generation_config=gen_cfg,
+                stopping_criteria=StoppingCriteriaList(
+                    [StopRuleCriteria(rule, prompts.shape[1])] if rule is not None else []
+                ),
             )
         finally:
             self.model.generation_config = saved

@@ -223,7 +223,8 @@ class ServerRollout:
         )
         ids = [tokens for tokens in ids for _ in range(params.n // n)]
 
-        return batch_from_token_lists(batch, params, ids, logps, self.pad_id, self.eos_ids)
+        # a stop rule cuts the finished responses (an OpenAI-style server stops at strings only)
+        return batch_from_token_lists(batch, params, ids, logps, self.pad_id, self.eos_ids, self.tokenizer)
 
     # -- HTTP -------------------------------------------------------------------------------------
 

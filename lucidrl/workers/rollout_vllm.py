@@ -311,6 +311,7 @@ class VLLMRollout:
                     logps.append(
                         [float(step[t].logprob) for step, t in zip(sample.logprobs, tokens, strict=True)]
                     )
+        # vLLM stops at strings, not at a regular expression: a stop rule cuts the finished responses
         return batch_from_token_lists(
-            batch, params, ids, logps if params.do_sample else None, self.pad_id, self.eos_ids
+            batch, params, ids, logps if params.do_sample else None, self.pad_id, self.eos_ids, self.tokenizer
         )
