@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from learning_vs_trl import (
     DEFAULT_MODEL,
+    DemoPlan,
     check_seeds,
     greedy_accuracy,
     lucidrl_config,
@@ -52,7 +53,7 @@ def first_step(setting, loop: str, seed: int, work: Path, threads: int) -> dict[
     metrics = trainer.step()
     saved = work / f"{loop}-{seed}-model"
     trainer.save_model(saved)
-    acc = greedy_accuracy(str(saved), setting, None)[0]
+    acc = greedy_accuracy(str(saved), setting, None, trainer.cfg.rollout.stop_regex)[0]
     shutil.rmtree(saved)
     return {
         "acc": acc,
@@ -79,7 +80,7 @@ def main() -> None:
         work = Path(tmp)
         setting = smollm2_setting(Path(args.model), work / "data")
         write_word_problems(work / "data")
-        base = greedy_accuracy(setting.model, setting, None)[0]
+        base = greedy_accuracy(setting.model, setting, None, DemoPlan.stop_regex)[0]
         for loop in args.loops:
             for seed in args.seeds:
                 rows[loop][seed] = first_step(setting, loop, seed, work, args.threads)

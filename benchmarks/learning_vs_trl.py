@@ -212,16 +212,26 @@ def recipe(cfg: dict) -> dict:
         "micro_batch": a.ppo_micro_batch_size,
         "bf16": autocast_dtype(c.model.dtype, c.model.compute_dtype) == torch.bfloat16,
         "attn_implementation": c.model.attn_implementation,
+        "stop_regex": r.stop_regex,
     }
 
 
-def greedy_accuracy(model_dir: str, setting: Setting, n_val: int | None) -> tuple[float, int]:
+def greedy_accuracy(
+    model_dir: str, setting: Setting, n_val: int | None, stop_regex: str | None
+) -> tuple[float, int]:
     """Greedy held-out accuracy of the model at `model_dir` (the first `n_val` prompts; None: all), and
-    how many prompts it was measured on."""
+    how many prompts it was measured on; responses end by the run's stop rule, if it has one."""
     from lucidrl.trainer.evaluation import evaluate
 
     result = evaluate(
-        model_dir, [setting.val], k=1, max_new_tokens=setting.max_new, limit=n_val, seed=0, sampled=False
+        model_dir,
+        [setting.val],
+        k=1,
+        max_new_tokens=setting.max_new,
+        limit=n_val,
+        seed=0,
+        sampled=False,
+        stop_regex=stop_regex,
     )
     entry = result["data_sources"][setting.data_source]
     return entry["greedy"]["acc"], entry["n_prompts"]
@@ -316,6 +326,39 @@ def trl_grpo_config(r: dict, output_dir: Path, steps: int, seed: int):
     )
 
 
+def with_stop_rule(base: type, model, tok, pattern: str, calls: dict) -> type:
+    """TRL's GRPOTrainer ending completions by lucidrl's stop rule (rollout.stop_regex), as lucidrl's
+    rollout does: `generate` stops a row once its text has matched (a stopping criterion, so TRL spends no
+    time on tokens that are dropped), and each completion is cut after the token that completed the match
+    (generate pads a stopped row with the pad token, which is the eos here and would otherwise be trained
+    on as if sampled). `calls` counts the generate calls that had the criterion."""
+    from transformers import StoppingCriteriaList
+
+    from lucidrl.workers.rollout_hf import eos_token_ids
+    from lucidrl.workers.stop_rule import StopRule, StopRuleCriteria
+
+    rule = StopRule(pattern, tok, eos_token_ids(model, tok))
+    plain = model.generate
+
+    def generate(*args, **kwargs):
+        calls["generate_calls"] += 1
+        criterion = StopRuleCriteria(rule, kwargs["input_ids"].shape[1])
+        return plain(*args, stopping_criteria=StoppingCriteriaList([criterion]), **kwargs)
+
+    model.generate = generate  # what TRL's unwrap_model_for_generation hands back on one CPU process
+
+    class StopRuleGRPOTrainer(base):
+        def _generate_single_turn(self, *args, **kwargs):
+            ids, logprobs = super()._generate_single_turn(*args, **kwargs)
+            keep = [rule.stop_length(row) or len(row) for row in ids]
+            ids = [row[:k] for row, k in zip(ids, keep, strict=True)]
+            if logprobs is not None:
+                logprobs = [row[:k] for row, k in zip(logprobs, keep, strict=True)]
+            return ids, logprobs
+
+    return StopRuleGRPOTrainer
+
+
 # -- workers: each runs in its own process and prints one JSON line -------------------------------------
 
 
@@ -327,7 +370,8 @@ def worker_lucidrl(
 
     cfg = lucidrl_config(setting, steps, work / "lucidrl", threads, seed)
     trainer = PPOTrainer(config_from_dict(cfg, source="learning_vs_trl"))
-    acc, n_eval = greedy_accuracy(setting.model, setting, n_val)
+    stop = trainer.cfg.rollout.stop_regex
+    acc, n_eval = greedy_accuracy(setting.model, setting, n_val, stop)
     curve, step_s, train = [(0, 0.0, acc)], [], []
     for step in range(1, steps + 1):
         trainer.global_step = step
@@ -346,7 +390,7 @@ def worker_lucidrl(
         if step % every == 0 or step == steps:
             path = work / f"lucidrl_step{step}"
             trainer.save_model(path)
-            curve.append((step, sum(step_s), greedy_accuracy(str(path), setting, n_val)[0]))
+            curve.append((step, sum(step_s), greedy_accuracy(str(path), setting, n_val, stop)[0]))
         print(
             f"lucidrl step {step}: {step_s[-1]:.1f} s ({sum(step_s):.0f} s of training)",
             file=sys.stderr,
@@ -386,7 +430,7 @@ def worker_trl(
         pending["lengths"] += [len(ids) for ids in completion_ids]
         return [float(res["score"]) for res in results]
 
-    acc, n_eval = greedy_accuracy(setting.model, setting, n_val)
+    acc, n_eval = greedy_accuracy(setting.model, setting, n_val, r["stop_regex"])
     curve, step_s, train = [(0, 0.0, acc)], [], []
     grad_norms: dict[int, float] = {}  # step -> the total norm before clipping, as the Trainer logs it
 
@@ -412,7 +456,9 @@ def worker_trl(
                 path = work / f"trl_step{step}"
                 model.save_pretrained(path)
                 tok.save_pretrained(path)
-                curve.append((step, sum(step_s), greedy_accuracy(str(path), setting, n_val)[0]))
+                curve.append(
+                    (step, sum(step_s), greedy_accuracy(str(path), setting, n_val, r["stop_regex"])[0])
+                )
             self.last = time.perf_counter()
 
         def on_log(self, args, state, control, logs=None, **kw):
@@ -428,7 +474,11 @@ def worker_trl(
             lr=r["lr"], betas=list(r["betas"]), weight_decay=r["weight_decay"], warmup_steps=r["warmup"]
         ),
     )
-    trainer = GRPOTrainer(
+    stopped = {"generate_calls": 0}
+    trainer_cls = GRPOTrainer
+    if r["stop_regex"] is not None:
+        trainer_cls = with_stop_rule(GRPOTrainer, model, tok, r["stop_regex"], stopped)
+    trainer = trainer_cls(
         model=model,
         reward_funcs=reward,
         args=config,
@@ -438,6 +488,8 @@ def worker_trl(
         optimizers=(optimizer, schedule),
     )
     trainer.train()
+    if r["stop_regex"] is not None and stopped["generate_calls"] == 0:
+        sys.exit("TRL was given lucidrl's stop rule, but its generate was never called with it")
     # accelerate's mixed precision replaces the model's forward with an autocast-wrapped one (and keeps
     # the original): with bf16 asked for, decoding and the loss's forwards went through it
     autocast = hasattr(trainer.model, "_original_forward")
