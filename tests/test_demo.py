@@ -139,7 +139,10 @@ def test_the_demo_ends_answers_by_its_stop_rule_unless_told_not_to(monkeypatch, 
     from lucidrl.rewards.word_problems import STOP_AFTER_ANSWER
 
     files = {"train": "t.parquet", "val": "v.parquet"}
-    assert demo_run.grpo_config("m", files, tmp_path, DemoPlan(), 0)["rollout"]["stop_regex"] == STOP_AFTER_ANSWER
+    assert (
+        demo_run.grpo_config("m", files, tmp_path, DemoPlan(), 0)["rollout"]["stop_regex"]
+        == STOP_AFTER_ANSWER
+    )
     plans = []
     monkeypatch.setattr(demo_run, "run_demo", lambda out, seeds, plan, model: plans.append(plan))
     assert main(["demo", "--out", str(tmp_path)]) == 0
