@@ -166,6 +166,30 @@ def test_many_seeded_requests_at_once(engine, vllm_tiny_model, tokenizer, kk_dat
     assert len(out) == 128 and out["response_mask"].sum() > 0
 
 
+def test_a_stop_rule_cuts_vllm_samples_where_the_rule_says(engine, vllm_tiny_model, tokenizer, kk_data):
+    """vLLM stops at strings only: the rule cuts its finished samples, which are the same seeded samples
+    as without it, up to each row's first match."""
+    from lucidrl.workers.stop_rule import STOPPED_FIELD, StopRule
+
+    engine.sync_weights(_moved(vllm_tiny_model["path"]))
+    batch = _prompts(kk_data, tokenizer, 3)
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24, seed=7)
+    pattern = r"[A-Z][a-z]+ [a-z]+ "
+    free = engine.generate(batch, params)
+    ruled = engine.generate(batch, SamplingParams(**{**params.__dict__, "stop_regex": pattern}))
+    rule = StopRule(pattern, tokenizer, engine.eos_ids)
+    stopped = []
+    for i, (row, mask) in enumerate(zip(free["responses"].tolist(), free["response_mask"], strict=True)):
+        row = row[: int(mask.sum())]
+        at = rule.stop_length(row)
+        kept = row if at is None else row[:at]
+        assert ruled["responses"][i, : len(kept)].tolist() == kept
+        assert int(ruled["response_mask"][i].sum()) == len(kept)
+        stopped.append(at is not None and kept[-1] not in engine.eos_ids)
+    assert ruled[STOPPED_FIELD].tolist() == stopped and 0 < sum(stopped) < len(stopped)
+    assert torch.all(ruled["rollout_log_probs"][ruled["response_mask"] == 0] == 0)
+
+
 def test_multi_turn_rollouts_run_over_the_real_engine(engine, vllm_tiny_model, tokenizer):
     """MultiTurnRollout over the real vLLM engine (the stand-in test in test_multi_turn_rollout.py drives
     the tool turns; the tiny random model writes no valid call): prompts rendered with the tools, token-id
@@ -274,27 +298,3 @@ def test_grpo_with_the_vllm_engine_stays_on_policy(tmp_path, kk_data, vllm_tiny_
     assert [r["step"] for r in steps] == [1, 2, 3], proc.stdout[-2000:]
     for r in steps:
         assert r["rollout/logprob_diff_max"] < 1e-4, r
-
-
-def test_a_stop_rule_cuts_vllm_samples_where_the_rule_says(engine, vllm_tiny_model, tokenizer, kk_data):
-    """vLLM stops at strings only: the rule cuts its finished samples, which are the same seeded samples
-    as without it, up to each row's first match."""
-    from lucidrl.workers.stop_rule import STOPPED_FIELD, StopRule
-
-    engine.sync_weights(_moved(vllm_tiny_model["path"]))
-    batch = _prompts(kk_data, tokenizer, 3)
-    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24, seed=7)
-    pattern = r"[A-Z][a-z]+ [a-z]+ "
-    free = engine.generate(batch, params)
-    ruled = engine.generate(batch, SamplingParams(**{**params.__dict__, "stop_regex": pattern}))
-    rule = StopRule(pattern, tokenizer, engine.eos_ids)
-    stopped = []
-    for i, (row, mask) in enumerate(zip(free["responses"].tolist(), free["response_mask"], strict=True)):
-        row = row[: int(mask.sum())]
-        at = rule.stop_length(row)
-        kept = row if at is None else row[:at]
-        assert ruled["responses"][i, : len(kept)].tolist() == kept
-        assert int(ruled["response_mask"][i].sum()) == len(kept)
-        stopped.append(at is not None and kept[-1] not in engine.eos_ids)
-    assert ruled[STOPPED_FIELD].tolist() == stopped and 0 < sum(stopped) < len(stopped)
-    assert torch.all(ruled["rollout_log_probs"][ruled["response_mask"] == 0] == 0)
