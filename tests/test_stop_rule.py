@@ -153,7 +153,7 @@ def test_token_lists_from_an_engine_are_cut_by_the_rule(kk_data, tiny_tokenizer)
 
 
 def test_a_run_with_a_stop_rule_reports_the_share_it_ended(tmp_path, kk_data, tiny_model):
-    """Through `lucidrl train`: the rule ends training rollouts (metric) and validation's alike."""
+    """Through `lucidrl train`: the rule ends training rollouts, and the step reports the share it ended."""
     import json
 
     from helpers import write_train_config
@@ -167,6 +167,13 @@ def test_a_run_with_a_stop_rule_reports_the_share_it_ended(tmp_path, kk_data, ti
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert 0 < records[1]["response_length/stop_rule_ratio"] < 1
     assert "response_length/stop_rule_ratio" not in records[0]  # validation only: no training batch
+
+
+def test_training_and_validation_sampling_both_carry_the_rule():
+    from lucidrl.trainer.setup import train_sampling, val_sampling
+
+    cfg = config_from_dict({"rollout": {"stop_regex": TWO_WORDS}}, source="test")
+    assert train_sampling(cfg).stop_regex == val_sampling(cfg).stop_regex == TWO_WORDS
 
 
 def test_eval_applies_the_rule_and_refuses_a_bad_pattern(kk_data, tiny_model, capsys):

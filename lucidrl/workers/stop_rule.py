@@ -43,9 +43,10 @@ class StopRule:
         no prefix does. Prefixes are checked in order, so a pattern that stops matching when more text
         follows (an anchor at the end, a lookahead) cuts where an engine stopping early would."""
         ids = list(ids)
-        for k, text in enumerate(self.tokenizer.batch_decode([ids[:k] for k in range(1, len(ids) + 1)]), 1):
+        prefixes = self.tokenizer.batch_decode([ids[:end] for end in range(1, len(ids) + 1)])
+        for length, text in enumerate(prefixes, 1):
             if self.regex.search(text) is not None:
-                return k
+                return length
         return None
 
     def cut(self, responses: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
