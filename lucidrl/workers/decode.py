@@ -212,6 +212,7 @@ def _decode(
     # per output row: its length where the stop rule ended it (tokens after are padding), else the limit
     stop_at = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)
     draws = RowDraws(rows, device) if do_sample else None
+    scanner = stop.scanner() if stop is not None else None
     length = 0
     for t in range(max_new_tokens):
         length = t + 1
@@ -225,13 +226,15 @@ def _decode(
         logps[active, t] = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
         # a row has ended once it has emitted an eos at any step, not only at this one
         finished = torch.isin(tokens, eos) if finished is None else finished | torch.isin(tokens, eos)
-        if stop is not None:
+        if scanner is not None:
+            # each open row's text grows by its new token; the scanner knows rows by their output row
+            # (active[i]), which stays the same while the batch compacts. One copy to the host per step
             open_rows = (~finished).nonzero().squeeze(-1)
-            ended = stop.matched(responses[active[open_rows], : t + 1].tolist())
-            for i, hit in zip(open_rows.tolist(), ended, strict=True):
+            at, out_rows, new = torch.stack((open_rows, active[open_rows], tokens[open_rows])).tolist()
+            for i, row, hit in zip(at, out_rows, scanner.push(out_rows, new), strict=True):
                 if hit:
                     finished[i] = True
-                    stop_at[active[i]] = t + 1
+                    stop_at[row] = t + 1
         if bool(finished.all()) or t == max_new_tokens - 1:
             break
         # rows that ended stay in the batch until enough have ended to compact it; their further
