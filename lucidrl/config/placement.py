@@ -162,7 +162,7 @@ def plan_groups(cfg: LucidConfig) -> list[GroupPlan]:
                     f"{samples // p.world_size} and the update would run more optimizer steps than "
                     f"{role}.ppo_mini_batch_size says; pick a mini-batch whose samples the rank count divides"
                 )
-        if "actor" in p.roles and p.world_size > 1 and cfg.actor.head_chunk_tokens > 0:
+        if "actor" in p.roles and p.world_size > 1 and cfg.actor.head_chunk_tokens not in (0, "auto"):
             raise ConfigError(
                 f"actor.head_chunk_tokens={cfg.actor.head_chunk_tokens}: the chunked LM head runs with one rank "
                 f"only for now, but the actor is placed on {p.world_size} ({p.where}); set "

@@ -98,6 +98,10 @@ class ModelConfig:
     # dropout on the LoRA adapters' input during updates
     lora_dropout: Annotated[float, Range("[0, 1)")] = 0.0
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])  # module names, or all-linear
+    # recompute each decoder layer's activations in the actor's backward instead of keeping them (verl's
+    # key): a training forward keeps one hidden state per layer and token, for about one more forward of
+    # compute. auto: on where the memory plan needs it to fit (docs/memory.md)
+    enable_gradient_checkpointing: bool | Literal["auto"] = "auto"
 
 
 @dataclass
@@ -280,8 +284,11 @@ class OptimConfig:
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: PosInt = 8  # prompts per optimizer step (x rollout.n samples)
-    ppo_micro_batch_size: PosInt = 8  # samples per forward/backward (gradient accumulation)
-    log_prob_micro_batch_size: PosInt = 16  # samples per forward when computing log-probs
+    # samples per forward/backward (gradient accumulation); auto: the memory plan's choice, the largest
+    # divisor of a mini-batch's samples within a token target that fits (docs/memory.md)
+    ppo_micro_batch_size: PosInt | Literal["auto"] = "auto"
+    # samples per forward when computing log-probs (actor and reference); auto: the memory plan's
+    log_prob_micro_batch_size: PosInt | Literal["auto"] = "auto"
     # when the update is provably on-policy (one epoch, one mini-batch per step, no KL in the reward,
     # disable_dropout on) the old log-probs are the update's own forward's, detached, as verl's dp_actor
     # does: the ratio is 1 and the gradient the policy gradient, in any precision and with any rollout
@@ -310,8 +317,11 @@ class ActorConfig:
     # > 0: the LM head, log-prob and entropy run on at most this many response tokens at a time, in
     # every actor and reference forward, and the (samples, response length, vocabulary) logits are
     # never formed (each chunk's recomputed in the backward; lucidrl.algos.head_logprob). 0: the whole
-    # micro-batch at once. One rank only
-    head_chunk_tokens: Annotated[int, Range(">= 0", "0: the LM head on the whole micro-batch at once")] = 0
+    # micro-batch at once. One rank only. auto: chunks of up to 1024 where the vocabulary is large (the
+    # memory plan, docs/memory.md)
+    head_chunk_tokens: (
+        Annotated[int, Range(">= 0", "0: the LM head on the whole micro-batch at once")] | Literal["auto"]
+    ) = "auto"
     # log-prob and entropy by torch.compile'd fused kernels (verl's key; lucidrl.algos.fused_logprob):
     # much faster on a 150k vocabulary, nothing gained on tiny ones (benchmarks/head_chunks.py), seconds of
     # compiling per process;
@@ -552,6 +562,9 @@ class TrainerConfig:
     # where metrics go: console, jsonl, tensorboard, wandb, mlflow
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     save_final_model: bool = True  # write RUN_DIR/final, a HuggingFace model folder, at the end
+    # the memory the run may plan for, in GiB (docs/memory.md); None: what the host has available (CPU)
+    # or the GPU's memory
+    memory_budget_gib: PosFloat | None = None
     # checkpoints (verl's keys): full training state every N steps in RUN_DIR/checkpoints, and after the last
     save_freq: Annotated[int, Range(">= -1", "0 or -1 (verl's never): no checkpoints")] = 0
     # auto: resume from RUN_DIR's latest checkpoint when it has one; disable: never; resume_path:

@@ -161,7 +161,7 @@ ROWS: list[Row] = [
     ),
     Refuse("actor_rollout_ref.model.external_lib", "importing a model library", default=None),
     Refuse("actor_rollout_ref.model.hf_config_path", "a config.json from another folder", default=None),
-    Note("actor_rollout_ref.model.enable_gradient_checkpointing", MEMORY),
+    Map("actor_rollout_ref.model.enable_gradient_checkpointing", "model.enable_gradient_checkpointing"),
     Note("actor_rollout_ref.model.enable_activation_offload", MEMORY),
     Note(
         "actor_rollout_ref.model.use_remove_padding",

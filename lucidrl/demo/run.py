@@ -50,7 +50,7 @@ def grpo_config(model: str, files: dict[str, str], run_dir: Path, plan: DemoPlan
         "data": {
             "train_files": [files["train"]],
             "val_files": [files["val"]],
-            "max_prompt_length": 256,
+            "max_prompt_length": 128,  # the word problems' chat prompts take 66-81 tokens
             "max_response_length": plan.max_new_tokens,
             "train_batch_size": plan.prompts,
             "seed": seed,
@@ -59,9 +59,7 @@ def grpo_config(model: str, files: dict[str, str], run_dir: Path, plan: DemoPlan
         "actor": {
             "optim": {"lr": plan.lr, "warmup_steps": plan.warmup_steps},
             "ppo_mini_batch_size": plan.prompts,  # one update per step: on-policy
-            "ppo_micro_batch_size": min(32, plan.prompts * plan.n),
-            # the LM head in chunks as one fused function: no (samples, tokens, 49k vocabulary) logits
-            "head_chunk_tokens": 1024,
+            # micro-batches, the LM head's chunks and checkpointing: the memory plan's (docs/memory.md)
             "use_kl_loss": kl,
             "kl_loss_coef": plan.kl_coef if kl else 0.001,
             "kl_loss_type": "low_var_kl",

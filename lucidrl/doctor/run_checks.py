@@ -49,6 +49,20 @@ def check_placement(needs: Needs, words: str, cpus: int | None = None) -> Check:
     return Check("placement", "ok", words)
 
 
+def check_memory_plan(cfg: Any) -> Check:
+    """The memory plan the config was loaded with (lucidrl.config.memory_plan): each phase's estimated
+    peak, the memory found and what the auto keys became. A plan that does not fit failed at loading."""
+    plan = getattr(cfg, "_memory_plan", None)
+    if plan is None:
+        return Check(
+            "memory plan", "skip", f"model.path={cfg.model.path!r} has no readable config.json to plan from"
+        )
+    lines = plan.lines()
+    status = "ok" if plan.available is not None else "warn"
+    fix = "" if status == "ok" else "set trainer.memory_budget_gib to the memory the run may use"
+    return Check("memory plan", status, "\n       ".join(lines), fix)  # indented under the check's name
+
+
 def check_tokenizer(cfg: Any) -> tuple[Check, Any]:
     from lucidrl.models import load_run_tokenizer
 

@@ -20,6 +20,7 @@ from lucidrl.doctor.machine import (
 from lucidrl.doctor.run_checks import (
     check_config_warnings,
     check_data,
+    check_memory_plan,
     check_model,
     check_placement,
     check_reward_model,
@@ -86,6 +87,7 @@ def _config_checks(cfg: Any, needs: Needs, words: str, add: Callable[[str, Calla
     add("placement", lambda: check_placement(needs, words))
     add("warnings", lambda: check_config_warnings(cfg))
     add("run dir", lambda: check_run_dir(cfg))
+    add("memory plan", lambda: check_memory_plan(cfg))
     tokenizer = add("tokenizer", lambda: check_tokenizer(cfg))
     paths = [(cfg.model.path, "model.path")]
     if cfg.algorithm.adv_estimator == "gae" and cfg.critic.model_path not in (None, cfg.model.path):

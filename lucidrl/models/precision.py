@@ -182,3 +182,32 @@ def cpu_has_amx() -> bool | None:
     """Whether this CPU has AMX tiles (PyTorch's own check); None where this PyTorch cannot tell."""
     amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private: where it is gone, tell nothing
     return None if amx is None else bool(amx())
+
+
+def recompute_contexts() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """torch.utils.checkpoint's `context_fn` for activation checkpointing: the recompute in the backward
+    runs under the attention switches the forward ran under (float32_attention, masked_gqa), which
+    checkpoint cannot see (autocast itself it restores); otherwise the recomputed attention differs in
+    dtype or shape from the forward's and checkpoint refuses it."""
+    f32 = _FLOAT32_ATTENTION_ON.get()
+    gqa = os.environ.get(FORCE_GQA)
+
+    @contextlib.contextmanager
+    def as_in_forward() -> Iterator[None]:
+        token = _FLOAT32_ATTENTION_ON.set(f32)
+        before = os.environ.get(FORCE_GQA)
+        _set_env(FORCE_GQA, gqa)
+        try:
+            yield
+        finally:
+            _set_env(FORCE_GQA, before)
+            _FLOAT32_ATTENTION_ON.reset(token)
+
+    return contextlib.nullcontext(), as_in_forward()
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

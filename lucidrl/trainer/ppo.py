@@ -147,6 +147,14 @@ class PPOTrainer:
             )
         if self.workers.ray_cluster:
             lines.append(f"workers: Ray actors on {self.workers.ray_cluster}")
+        plan = getattr(cfg, "_memory_plan", None)
+        if plan is not None:  # the whole plan: `lucidrl doctor CONFIG` (docs/memory.md)
+            chosen = ", ".join(f"{k}={str(v).lower()}" for k, (v, _) in plan.choices.items())
+            lines.append(
+                f"memory plan: peak about {plan.peak.total / 2**30:.1f} GiB in the {plan.peak.name.split(' (')[0]}"
+                + (f" of {plan.budget / 2**30:.1f} GiB usable" if plan.budget else "")
+                + (f"; auto: {chosen}" if chosen else "")
+            )
         lines += config_warnings(cfg)
         if self.resumed_from is not None:
             lines.append(

@@ -22,6 +22,7 @@ from lucidrl.trainer.interrupt import RunInterrupted, StopSignals, how_to_contin
 from lucidrl.trainer.setup import prepare_run_dir, run_dir_of, seed_everything
 from lucidrl.trainer.tracking import Tracker
 from lucidrl.workers.forward import check_chunkable_head, chunked_head_log_probs
+from lucidrl.workers.model_support import enable_activation_checkpointing
 from lucidrl.workers.optim import NonFiniteLossError, build_optimizer, clip_grad
 from lucidrl.workers.train_state import load_train_state, save_train_state
 
@@ -97,6 +98,8 @@ class SFTTrainer:
                 check_chunkable_head(self.model, key="head_chunk_tokens")
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        if m.enable_gradient_checkpointing is True:  # auto: no memory plan for SFT yet, so off
+            enable_activation_checkpointing(self.model)
         self.model.to(cfg.trainer.device)
         kw = dict(
             tokenizer=self.tokenizer,

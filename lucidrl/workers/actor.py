@@ -9,6 +9,7 @@ import torch
 from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.algos.aggregation import norm_width, pad_response_width
 from lucidrl.batch import Batch, loss_mask
+from lucidrl.config.memory_plan import plain_actor
 from lucidrl.config.schema import ActorConfig, RolloutCorrectionConfig
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.forward import check_chunkable_head, check_prompt_sharable, response_log_probs
@@ -107,6 +108,7 @@ class ActorWorker:
         sum_pi_squared: bool = False,
     ):
         self.model = model
+        cfg = plain_actor(cfg, cfg.ppo_mini_batch_size * samples_per_prompt)  # a config no plan resolved
         self.cfg = cfg
         # the loss inputs' padded width (seq-mean-token-sum-norm's divisor, unless loss_scale_factor gives it)
         self.norm_width = norm_width(cfg.loss_agg_mode, response_length, cfg.loss_scale_factor)

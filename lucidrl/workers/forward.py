@@ -11,7 +11,12 @@ from lucidrl.algos.head_logprob import head_log_probs
 from lucidrl.algos.logprob import sum_pi_squared_from_logits
 from lucidrl.batch import Batch, response_attention
 from lucidrl.diagnostics.errors import UserError
-from lucidrl.workers.model_support import _cache_kwarg, last_logits_only, non_attention_layers
+from lucidrl.workers.model_support import (
+    _cache_kwarg,
+    checkpointing_active,
+    last_logits_only,
+    non_attention_layers,
+)
 
 
 def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -153,7 +158,10 @@ def _response_outputs(
     if hidden:
         check_chunkable_head(model)
     groups = "uid" in batch and (data_parallel or len(set(batch["uid"])) < len(batch))
-    if share_prompt and groups:
+    # under activation checkpointing transformers drops the key-value cache inside each layer: the
+    # responses would run without their prompt. Every rank of a group checkpoints alike, so each still
+    # makes the same number of model calls
+    if share_prompt and groups and not checkpointing_active(model):
         states = _response_logits_shared_prefix(model, batch, hidden)
     else:
         input_ids, attention_mask, position_ids = sequence_inputs(batch)

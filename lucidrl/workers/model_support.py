@@ -125,3 +125,33 @@ def _can_prefill_shared_prompt(model: torch.nn.Module, span: int) -> bool:
     if not _can_share_prefix(model, span):
         return False
     return not (_rope_types(_text_config(model.config)) & _LENGTH_DEPENDENT_ROPE)
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward instead of keeping them
+    (`model.enable_gradient_checkpointing`): a training forward then keeps one hidden state per layer
+    and token. Non-reentrant, so LoRA adapters and frozen embeddings need no input gradients."""
+    base = _base_model(model)
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise UserError(
+            f"{type(base).__name__} does not support gradient checkpointing in transformers; set "
+            "model.enable_gradient_checkpointing=false"
+        )
+    from lucidrl.models.precision import recompute_contexts
+
+    kwargs = {"use_reentrant": False, "context_fn": recompute_contexts}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.25; the old name warns there
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    base.__dict__["_lucidrl_checkpointing"] = True
+
+
+def checkpointing_active(model: torch.nn.Module) -> bool:
+    """Whether this forward recomputes its layers in the backward: transformers then drops the key-value
+    cache inside each layer, so a forward that needs one (the shared-prompt path) must not run."""
+    return (
+        torch.is_grad_enabled()
+        and model.training
+        and bool(_base_model(model).__dict__.get("_lucidrl_checkpointing", False))
+    )

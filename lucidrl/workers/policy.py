@@ -45,6 +45,7 @@ from lucidrl.workers.distributed import (
     unwrap,
     wrap_for_training,
 )
+from lucidrl.workers.model_support import enable_activation_checkpointing
 from lucidrl.workers.rank_metrics import RankMetrics
 from lucidrl.workers.reward_model import RewardModelWorker
 from lucidrl.workers.rollout_hf import HFRollout, SamplingParams, eos_token_ids
@@ -106,6 +107,8 @@ class PolicyWorker:
                 self.reference = self._reference(copy.deepcopy(model))
             if m.lora_rank:  # after the reference copy: the reference stays the base model
                 model = apply_lora(model, m)
+            if m.enable_gradient_checkpointing is True:  # the update's forwards only (they need gradients)
+                enable_activation_checkpointing(model)
             # with one rank the hf rollout generates with the actor's own module; with several it gets
             # a full copy (FSDP2 shards the actor in place)
             rollout_model = copy.deepcopy(model) if sharded and cfg.rollout.name == "hf" else model
