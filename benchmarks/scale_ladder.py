@@ -61,7 +61,7 @@ def run_rung(name: str, work: Path, data: Path, steps: int) -> dict:
     cfg = load_config(None, args, echo=None)
     plan = cfg._memory_plan
     began = time.perf_counter()
-    log = run_dir.with_suffix(".log")
+    log = run_dir.parent / f"{run_dir.name}.log"
     with open(log, "w") as out:
         child = subprocess.Popen([sys.executable, "-m", "lucidrl", "train", *args], stdout=out, stderr=out)
         _, status, usage = os.wait4(child.pid, 0)  # this child's own peak (it re-executes itself in place)

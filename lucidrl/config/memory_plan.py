@@ -237,7 +237,9 @@ def _update_bytes(r: _Run, rows: int, checkpointing: bool, chunk: int) -> dict[s
     }
     if r.reference:
         parts["reference"] = params * r.weight_bytes // shard
-    if r.bf16_compute and not r.lora_rank:  # autocast keeps a bf16 copy of each trained weight per forward
+    if r.bf16_compute:
+        # a bf16 copy of each matrix for the forward's backward: autocast's cache of the trained weights,
+        # or (LoRA) the casts of the frozen ones that each linear layer saves to pass the gradient on
         parts["bf16 weight copies"] = (params - s.vocab * s.hidden * (0 if s.tied else 1)) * 2
     layer = _layer_bytes_per_token(r)
     if checkpointing:  # each layer's input (and rotary tables) kept; one layer recomputed with its gradients
