@@ -169,6 +169,7 @@ def test_checkpointing_gives_the_same_update(tiny_model, bf16):
     ckpt_model = copy.deepcopy(model)
     enable_activation_checkpointing(ckpt_model)
     ckpt = ActorWorker(ckpt_model, cfg, **kw)
+    assert any(getattr(m, "gradient_checkpointing", False) for m in ckpt_model.modules())  # it is on
     m_plain, m_ckpt = plain.update(batch), ckpt.update(batch)
     tol = {"atol": 2e-3, "rtol": 2e-2} if bf16 else {"atol": 1e-6, "rtol": 1e-4}
     for (name, a), (_, b) in zip(plain.model.named_parameters(), ckpt.model.named_parameters(), strict=True):

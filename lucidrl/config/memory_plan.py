@@ -228,15 +228,7 @@ def _update_bytes(r: _Run, rows: int, checkpointing: bool, chunk: int) -> dict[s
     else:  # under checkpointing the forward runs every sample whole (workers/forward.py)
         tokens = rows * (r.prompt + r.response)
     params = s.params
-    trainable = s.lora_params(r.lora_rank) if r.lora_rank else params
-    shard = r.world_size if r.world_size > 1 else 1
-    parts = {
-        "weights": params * r.weight_bytes // shard,
-        "gradients": trainable * 4 // shard,
-        "optimizer": trainable * 8 // shard,
-    }
-    if r.reference:
-        parts["reference"] = params * r.weight_bytes // shard
+    parts = _state(r, shard=r.world_size)
     if r.bf16_compute:
         # a bf16 copy of each matrix for the forward's backward: autocast's cache of the trained weights,
         # or (LoRA) the casts of the frozen ones that each linear layer saves to pass the gradient on
@@ -248,6 +240,22 @@ def _update_bytes(r: _Run, rows: int, checkpointing: bool, chunk: int) -> dict[s
         parts["activations"] = tokens * s.layers * layer
     parts["logits"] = _logit_bytes(r, rows * r.response, chunk)
     return _finish(r, parts)
+
+
+def _state(r: _Run, shard: int = 1) -> dict[str, int]:
+    """What every phase holds: the weights, the float32 gradients and AdamW moments of the trained
+    parameters (kept between updates), a reference copy with a KL term; FSDP2's share of them in the
+    update (the log-prob passes and the rollout are counted whole)."""
+    params = r.shape.params
+    trainable = r.shape.lora_params(r.lora_rank) if r.lora_rank else params
+    parts = {
+        "weights": params * r.weight_bytes // shard,
+        "gradients": trainable * 4 // shard,
+        "optimizer": trainable * 8 // shard,
+    }
+    if r.reference:
+        parts["reference"] = params * r.weight_bytes // shard
+    return parts
 
 
 def _finish(r: _Run, parts: dict[str, int]) -> dict[str, int]:
@@ -290,16 +298,9 @@ def _log_prob_bytes(r: _Run, rows: int, chunk: int) -> dict[str, int]:
     """A no-grad log-prob pass: the weights, one layer's transients for a micro-batch, the logits."""
     s, tokens = r.shape, rows * (r.prompt + r.response)
     c = 2 if r.bf16_compute else 4
-    parts = {
-        "weights": s.params * r.weight_bytes,
-        # the last update's gradients and AdamW moments stay between updates
-        "gradients": (s.lora_params(r.lora_rank) if r.lora_rank else s.params) * 4,
-        "optimizer": (s.lora_params(r.lora_rank) if r.lora_rank else s.params) * 8,
-        "activations": tokens * (4 * 4 * s.hidden + c * 3 * s.intermediate),
-        "logits": _logit_bytes(r, rows * r.response, chunk),
-    }
-    if r.reference:
-        parts["reference"] = s.params * r.weight_bytes
+    parts = _state(r)
+    parts["activations"] = tokens * (4 * 4 * s.hidden + c * 3 * s.intermediate)
+    parts["logits"] = _logit_bytes(r, rows * r.response, chunk)
     return _finish(r, parts)
 
 
@@ -310,17 +311,8 @@ def _rollout_bytes(r: _Run, rows: int) -> dict[str, int]:
     c = 2 if r.bf16_compute else 4
     kv = rows * (r.prompt + r.response) * s.layers * 2 * s.kv_heads * s.head_dim * c
     prefill = rows * r.prompt * (4 * 4 * s.hidden + c * 3 * s.intermediate)
-    parts = {
-        "weights": s.params * r.weight_bytes,
-        # the last update's gradients and AdamW moments stay between updates
-        "gradients": (s.lora_params(r.lora_rank) if r.lora_rank else s.params) * 4,
-        "optimizer": (s.lora_params(r.lora_rank) if r.lora_rank else s.params) * 8,
-        "kv cache": kv,
-        "prefill": prefill,
-        "logits": rows * s.vocab * 4 * 3,
-    }
-    if r.reference:
-        parts["reference"] = s.params * r.weight_bytes
+    parts = _state(r)
+    parts.update({"kv cache": kv, "prefill": prefill, "logits": rows * s.vocab * 4 * 3})
     return _finish(r, parts)
 
 
