@@ -1,5 +1,5 @@
 """One AdamW step over a real model's parameters: torch's multi-tensor (foreach) path against its fused
-kernel, which lucidrl uses for parameters on the CPU (lucidrl.workers.optim). Both optimizers see the
+kernel, which lucidrl uses for parameters on the CPU (lucidrl.workers.training.optim). Both optimizers see the
 same gradients, alternating `--repeats` times after one warm-up step each; printed: the median
 seconds per step, their ratio and the largest difference between the two updated weights after one
 step from the same state.

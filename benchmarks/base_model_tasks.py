@@ -53,7 +53,7 @@ from lucidrl.rewards import gsm8k
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.rewards.math import last_boxed
 from lucidrl.rewards.registry import default_compute_score
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
 
 # ---------------------------------------------------------------- answer formats: instruction, extractor
 

@@ -94,7 +94,7 @@ def worker(
     from lucidrl.batch import Batch
     from lucidrl.config.schema import ActorConfig, OptimConfig
     from lucidrl.models import load_model
-    from lucidrl.workers.actor import ActorWorker
+    from lucidrl.workers.training.actor import ActorWorker
 
     chunk, compiled = VARIANTS[name]
     torch.manual_seed(0)

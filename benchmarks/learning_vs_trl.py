@@ -334,8 +334,8 @@ def with_stop_rule(base: type, model, tok, pattern: str, calls: dict) -> type:
     on as if sampled). `calls` counts the generate calls that had the criterion."""
     from transformers import StoppingCriteriaList
 
-    from lucidrl.workers.rollout_hf import eos_token_ids
-    from lucidrl.workers.stop_rule import StopRule, StopRuleCriteria
+    from lucidrl.workers.rollout.hf_engine import eos_token_ids
+    from lucidrl.workers.rollout.stop_rule import StopRule, StopRuleCriteria
 
     rule = StopRule(pattern, tok, eos_token_ids(model, tok))
     plain = model.generate
@@ -406,7 +406,7 @@ def worker_trl(
     from trl import GRPOTrainer
 
     from lucidrl.config.schema import OptimConfig
-    from lucidrl.workers.optim import build_optimizer
+    from lucidrl.workers.training.optim import build_optimizer
 
     r = recipe(lucidrl_config(setting, steps, work / "lucidrl", threads))
     tok = AutoTokenizer.from_pretrained(setting.model)

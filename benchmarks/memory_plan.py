@@ -98,9 +98,9 @@ def worker(work: Path, case: str, phase: str) -> dict:
     from lucidrl.config import config_from_dict
     from lucidrl.models import load_model
     from lucidrl.models.precision import autocast_dtype
-    from lucidrl.workers.actor import ActorWorker
-    from lucidrl.workers.model_support import enable_activation_checkpointing
-    from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+    from lucidrl.workers.common.model_support import enable_activation_checkpointing
+    from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+    from lucidrl.workers.training.actor import ActorWorker
 
     shape, prompts, n, prompt_len, response_len, _ = CASES[case]
     cfg = config_from_dict(plan_config(work / shape, case, None), source=case)

@@ -1,4 +1,4 @@
-"""The stop rule's cost (rollout.stop_regex, lucidrl/workers/stop_rule.py) against response length.
+"""The stop rule's cost (rollout.stop_regex, lucidrl/workers/rollout/stop_rule.py) against response length.
 
 One response batch of `--rows` rows of random tokens (seeded; any id but the special and added
 tokens, so no row ends at an eos), for each length: the seconds of all the checks the decode loop makes
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from lucidrl.rewards.word_problems import STOP_AFTER_ANSWER
-from lucidrl.workers.stop_rule import StopRule, decode_piecewise
+from lucidrl.workers.rollout.stop_rule import StopRule, decode_piecewise
 
 PATTERNS = {"STOP_AFTER_ANSWER": STOP_AFTER_ANSWER, "</answer>": "</answer>"}
 

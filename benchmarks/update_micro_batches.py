@@ -55,7 +55,7 @@ def make_batch(work: Path) -> None:
 
     from lucidrl.data.dataset import collate, load_prompts
     from lucidrl.models import load_model, load_tokenizer
-    from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+    from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
 
     step_vs_trl.N_PROMPTS = N_PROMPTS
     prep = prepare(work)
@@ -80,7 +80,7 @@ def worker(work: Path, name: str, repeats: int) -> dict:
     from lucidrl.batch import Batch
     from lucidrl.config.schema import ActorConfig, OptimConfig
     from lucidrl.models import load_model
-    from lucidrl.workers.actor import ActorWorker
+    from lucidrl.workers.training.actor import ActorWorker
 
     torch.manual_seed(0)
     prep = json.loads((work / "prep.json").read_text())

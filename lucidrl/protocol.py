@@ -2,7 +2,7 @@
 
 The server side (`lucidrl serve`, lucidrl/serving/) parses and validates the OpenAI completions
 request it accepts and answers errors in OpenAI's shape; the client side (the `server` rollout
-engine, lucidrl/workers/rollout_server.py) reads those error bodies (and vLLM's), compares model
+engine, lucidrl/workers/rollout/server_engine.py) reads those error bodies (and vLLM's), compares model
 fingerprints, and pushes weights to `WEIGHTS_PATH`.
 
 Every rejected request names the offending field (`param`), the value it got and what to send

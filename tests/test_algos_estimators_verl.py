@@ -201,8 +201,8 @@ def test_sum_pi_squared_from_logits_hand_computed():
 def test_the_log_prob_pass_gives_sum_pi_squared_of_the_models_distribution(
     kk_data, tiny_model, tiny_tokenizer, head_chunk_tokens
 ):
-    from lucidrl.workers.actor import per_token_log_probs, per_token_log_probs_and_sum_pi_squared
-    from lucidrl.workers.forward import sequence_inputs
+    from lucidrl.workers.training.actor import per_token_log_probs, per_token_log_probs_and_sum_pi_squared
+    from lucidrl.workers.training.forward import sequence_inputs
     from tests.test_micro_batches import _rollout_with_varied_lengths
 
     model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)

@@ -473,7 +473,7 @@ def test_reinforce_loss_and_gradient():
 def test_every_registered_loss_takes_the_actor_kwargs_and_reports_metrics():
     from lucidrl.algos import policy_loss_agg_mode
     from lucidrl.config.schema import ActorConfig, RolloutCorrectionConfig
-    from lucidrl.workers.actor import policy_loss_kwargs
+    from lucidrl.workers.training.actor import policy_loss_kwargs
 
     names = list_policy_losses()
     # verl 0.9.1's registered policy losses, every one, and lucidrl's reinforce

@@ -26,7 +26,7 @@ from lucidrl.algos import (
 )
 from lucidrl.algos.aggregation import norm_width
 from lucidrl.batch import Batch
-from lucidrl.workers.micro_batches import loss_weights
+from lucidrl.workers.training.micro_batches import loss_weights
 
 
 def _leaf(values) -> torch.Tensor:

@@ -23,11 +23,12 @@ import transformers as T
 
 from lucidrl.batch import Batch
 from lucidrl.cli import main
-from lucidrl.workers import decode, model_support
-from lucidrl.workers.decode import MIN_COMMON_PREFIX, sample_group
-from lucidrl.workers.forward import response_log_probs
-from lucidrl.workers.model_support import _can_prefill_shared_prompt
-from lucidrl.workers.rollout_hf import response_mask_from_ids
+from lucidrl.workers.common import model_support
+from lucidrl.workers.common.model_support import _can_prefill_shared_prompt
+from lucidrl.workers.rollout import decode
+from lucidrl.workers.rollout.decode import MIN_COMMON_PREFIX, sample_group
+from lucidrl.workers.rollout.hf_engine import response_mask_from_ids
+from lucidrl.workers.training.forward import response_log_probs
 
 V, PAD, EOS = 256, 0, 1
 COMMON = dict(
@@ -236,7 +237,7 @@ def test_a_refused_shared_prefix_leaves_the_sampling_rng_as_the_plain_path_would
     """The shared attempt samples its first token before a layer can refuse; the plain rerun then drew
     from an advanced RNG, so the first prompt a process decoded differed from the same seeded call later
     (rollout.deterministic broke for e.g. every model whose attention refuses at the first step)."""
-    from lucidrl.workers import model_support
+    from lucidrl.workers.common import model_support
 
     _, prompts, mask = _model_and_prompts("llama")
     torch.manual_seed(0)  # soft-capped attention on all-full layers: refused by the attention itself
@@ -258,7 +259,7 @@ def test_a_refused_shared_prefix_leaves_the_sampling_rng_as_the_plain_path_would
 
 def test_models_whose_layers_are_not_attention_are_named_with_the_other_loop():
     """Mamba and hybrid models crashed inside transformers (IndexError in the cache) at the first generation."""
-    from lucidrl.workers.model_support import DecodeLoopUnsupported, check_decode_loop_supported
+    from lucidrl.workers.common.model_support import DecodeLoopUnsupported, check_decode_loop_supported
 
     torch.manual_seed(0)
     mamba = T.MambaForCausalLM(T.MambaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=4))
@@ -286,9 +287,9 @@ def test_state_space_models_are_refused_by_the_shared_prompt_forward_naming_the_
     and Falcon-H1 (no layer_types in its config) got past that check too."""
     from lucidrl.batch import Batch
     from lucidrl.config.schema import ActorConfig
-    from lucidrl.workers.actor import ActorWorker
-    from lucidrl.workers.forward import SharedPromptUnsupported
-    from lucidrl.workers.model_support import DecodeLoopUnsupported, check_decode_loop_supported
+    from lucidrl.workers.common.model_support import DecodeLoopUnsupported, check_decode_loop_supported
+    from lucidrl.workers.training.actor import ActorWorker
+    from lucidrl.workers.training.forward import SharedPromptUnsupported
 
     with pytest.raises(DecodeLoopUnsupported, match="set rollout.decode_loop=transformers"):
         check_decode_loop_supported(model)

@@ -15,7 +15,7 @@ from lucidrl.cli import main
 from lucidrl.config import ConfigError, load_config
 from lucidrl.trainer import checkpoint
 from lucidrl.trainer.ppo import PPOTrainer
-from lucidrl.workers.train_state import CheckpointError
+from lucidrl.workers.training.train_state import CheckpointError
 
 
 def _args(tmp_path, kk_data, tiny_model, run: str, *extra: str) -> list[str]:

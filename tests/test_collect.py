@@ -9,7 +9,7 @@ from lucidrl.data.dataset import PromptLoader, load_prompts
 from lucidrl.models import load_model
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer.collect import BatchCollector
-from lucidrl.workers.rollout_hf import HFRollout
+from lucidrl.workers.rollout.hf_engine import HFRollout
 
 
 def half_tied(data_source, solution_str, ground_truth, extra_info):

@@ -17,8 +17,8 @@ from lucidrl.controller.dispatch import merge_from_ranks, split_for_ranks
 from lucidrl.controller.errors import RemoteWorkerError, WorkerDiedError
 from lucidrl.controller.worker_group import LocalWorkerGroup
 from lucidrl.doctor.probe_worker import ProbeWorker
-from lucidrl.workers.dispatch import Dispatch
-from lucidrl.workers.rank_metrics import Combine, RankMetrics, combine_ranks
+from lucidrl.workers.common.dispatch import Dispatch
+from lucidrl.workers.training.rank_metrics import Combine, RankMetrics, combine_ranks
 
 
 def test_dp_dispatch_pads_to_a_divisor_and_unpads():
@@ -359,7 +359,7 @@ def test_a_worker_that_fails_to_start_says_why(ray_cluster):
 
 def test_local_cuda_index_picks_the_gpu_ray_assigned(monkeypatch):
     ray = pytest.importorskip("ray")
-    from lucidrl.workers.distributed import local_cuda_index
+    from lucidrl.workers.common.distributed import local_cuda_index
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: [3])
@@ -405,7 +405,7 @@ def test_an_unset_ray_address_starts_ray_here_beside_a_running_cluster_and_RAY_A
 def test_ranks_rollouts_of_different_lengths_are_padded_to_one_width_when_merged():
     """Each rank's rollout trims to its own longest response; before, joining them was torch.cat's
     'Sizes of tensors must match' on any multi-rank run whose ranks' longest responses differed."""
-    from lucidrl.workers.rollout_hf import SamplingParams, batch_from_token_lists
+    from lucidrl.workers.rollout.hf_engine import SamplingParams, batch_from_token_lists
 
     pad_id, eos = 0, 2
     prompts = Batch(

@@ -26,8 +26,8 @@ from helpers import end_rank
 
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig, OptimConfig
-from lucidrl.workers.micro_batches import match_count, token_budget_micro_batches
-from lucidrl.workers.rank_metrics import combine_ranks
+from lucidrl.workers.training.micro_batches import match_count, token_budget_micro_batches
+from lucidrl.workers.training.rank_metrics import combine_ranks
 
 WIDTH = 12  # response columns
 N = 4  # samples per prompt
@@ -64,8 +64,8 @@ def _budget(batch: Batch) -> int:
 
 def _rank(rank: int, port: int, model_path: str, strategy: str, out: str) -> None:
     from lucidrl.models import load_model
-    from lucidrl.workers.actor import ActorWorker
-    from lucidrl.workers.distributed import full_state_dict, wrap_for_training
+    from lucidrl.workers.common.distributed import full_state_dict, wrap_for_training
+    from lucidrl.workers.training.actor import ActorWorker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # a short timeout: a collective left unmatched fails the test instead of hanging it
@@ -88,7 +88,7 @@ def _rank(rank: int, port: int, model_path: str, strategy: str, out: str) -> Non
     if strategy.startswith(
         "fsdp2"
     ):  # the reference is sharded like the actor: its forwards are collectives too
-        from lucidrl.workers.actor import ReferenceWorker
+        from lucidrl.workers.training.actor import ReferenceWorker
 
         reference = ReferenceWorker(
             wrap_for_training(load_model(model_path).requires_grad_(False), "fsdp2", "cpu", compute),
@@ -100,7 +100,7 @@ def _rank(rank: int, port: int, model_path: str, strategy: str, out: str) -> Non
         # a no-grad forward leaves FSDP2's root gathered; saving (with optimizer state) must still work
         from pathlib import Path
 
-        from lucidrl.workers.train_state import save_train_state
+        from lucidrl.workers.training.train_state import save_train_state
 
         actor.compute_log_prob(share)
         save_train_state(
@@ -136,7 +136,7 @@ def test_match_count_halves_the_largest_micro_batch_in_order():
 @pytest.mark.parametrize("strategy", ["fsdp2", "ddp", "fsdp2-bf16"])
 def test_token_budget_cuts_agree_across_ranks_and_match_one_process(strategy, tiny_model, tmp_path):
     from lucidrl.models import load_model
-    from lucidrl.workers.actor import ActorWorker
+    from lucidrl.workers.training.actor import ActorWorker
 
     path = str(tiny_model["path"])
     mp.start_processes(
@@ -195,8 +195,8 @@ def _skip_config(skip: bool) -> ActorConfig:
 
 def _skip_rank(rank: int, port: int, model_path: str, strategy: str, out: str) -> None:
     from lucidrl.models import load_model
-    from lucidrl.workers.actor import ActorWorker
-    from lucidrl.workers.distributed import full_state_dict, wrap_for_training
+    from lucidrl.workers.common.distributed import full_state_dict, wrap_for_training
+    from lucidrl.workers.training.actor import ActorWorker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
@@ -231,7 +231,7 @@ def test_skipping_tied_groups_on_ranks_that_keep_different_numbers_matches_one_p
     forwards as the other, on a zero-advantage sample of loss weight zero, and the weights after the
     updates are one process's full updates'."""
     from lucidrl.models import load_model
-    from lucidrl.workers.actor import ActorWorker
+    from lucidrl.workers.training.actor import ActorWorker
 
     path = str(tiny_model["path"])
     mp.start_processes(

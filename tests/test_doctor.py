@@ -135,7 +135,7 @@ def test_a_rendezvous_port_taken_by_someone_else_fails_the_distributed_check(mon
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
     port = squatter.getsockname()[1]
-    monkeypatch.setattr("lucidrl.workers.distributed.pick_port", lambda host, p: port)
+    monkeypatch.setattr("lucidrl.workers.common.distributed.pick_port", lambda host, p: port)
     try:
         check = machine.check_distributed("gloo", world=2, timeout=20)
     finally:

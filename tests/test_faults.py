@@ -24,7 +24,7 @@ from lucidrl.data.dataset import DatasetError
 from lucidrl.rewards.registry import UnknownDataSourceError
 from lucidrl.trainer import checkpoint, run_status
 from lucidrl.trainer.ppo import PPOTrainer
-from lucidrl.workers.train_state import CheckpointError
+from lucidrl.workers.training.train_state import CheckpointError
 
 
 def _args(tmp_path, model: str, train: str, run: Path, *extra: str) -> list[str]:

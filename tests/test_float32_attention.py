@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lucidrl.diagnostics.errors import UsageError
 from lucidrl.models.precision import FLOAT32_ATTENTION, compute_context, float32_attention_wanted
-from lucidrl.workers.forward import response_log_probs
+from lucidrl.workers.training.forward import response_log_probs
 from tests.test_masked_gqa import _log_probs_and_grads
 from tests.test_micro_batches import _rollout_with_varied_lengths
 

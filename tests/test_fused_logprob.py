@@ -13,7 +13,7 @@ from torch._inductor.exc import CppCompileError, InvalidCxxCompiler
 from lucidrl.algos import fused_logprob
 from lucidrl.algos.fused_logprob import CompiledOrEager, log_probs_and_entropy
 from lucidrl.config.schema import ActorConfig, OptimConfig
-from lucidrl.workers.actor import ActorWorker, per_token_log_probs
+from lucidrl.workers.training.actor import ActorWorker, per_token_log_probs
 from tests.test_micro_batches import _rollout_with_varied_lengths
 
 

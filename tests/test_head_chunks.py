@@ -11,8 +11,8 @@ import torch
 
 from lucidrl.config import ConfigError, config_from_dict
 from lucidrl.config.schema import ActorConfig, OptimConfig
-from lucidrl.workers.actor import ActorWorker, ReferenceWorker, per_token_log_probs
-from lucidrl.workers.forward import check_chunkable_head, response_log_probs
+from lucidrl.workers.training.actor import ActorWorker, ReferenceWorker, per_token_log_probs
+from lucidrl.workers.training.forward import check_chunkable_head, response_log_probs
 from tests.test_micro_batches import _rollout_with_varied_lengths
 
 

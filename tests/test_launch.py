@@ -87,9 +87,9 @@ def test_every_user_error_is_still_the_builtin_it_was():
     from lucidrl.rewards.custom import CustomFunctionError
     from lucidrl.rewards.manager import RewardFunctionError
     from lucidrl.trainer.setup import RunDirError
-    from lucidrl.workers.optim import NonFiniteLossError
-    from lucidrl.workers.rollout_server import RolloutServerError
-    from lucidrl.workers.train_state import CheckpointError
+    from lucidrl.workers.rollout.server_engine import RolloutServerError
+    from lucidrl.workers.training.optim import NonFiniteLossError
+    from lucidrl.workers.training.train_state import CheckpointError
 
     builtin = {
         UsageError: ValueError,

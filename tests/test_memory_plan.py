@@ -147,8 +147,8 @@ def test_checkpointing_gives_the_same_update(tiny_model, bf16):
     from lucidrl.batch import Batch
     from lucidrl.config.schema import ActorConfig, OptimConfig
     from lucidrl.models import load_model
-    from lucidrl.workers.actor import ActorWorker
-    from lucidrl.workers.model_support import enable_activation_checkpointing
+    from lucidrl.workers.common.model_support import enable_activation_checkpointing
+    from lucidrl.workers.training.actor import ActorWorker
 
     torch.manual_seed(0)
     model = load_model(str(tiny_model["path"]))

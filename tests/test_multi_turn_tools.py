@@ -6,12 +6,12 @@ import pytest
 
 from lucidrl.config import load_config
 from lucidrl.config.errors import ConfigError
-from lucidrl.workers.agent.calculator import calculator
-from lucidrl.workers.agent.environments import GuessNumber, resolve_environment
-from lucidrl.workers.agent.parsers import get_tool_call_format, parse_hermes, parse_json
-from lucidrl.workers.agent.sandbox import SandboxLimits
-from lucidrl.workers.agent.toolbox import resolve_tools
-from lucidrl.workers.agent.tools import ToolConfigError, ToolError, row_tools, tool_from_function
+from lucidrl.workers.rollout.agent.calculator import calculator
+from lucidrl.workers.rollout.agent.environments import GuessNumber, resolve_environment
+from lucidrl.workers.rollout.agent.parsers import get_tool_call_format, parse_hermes, parse_json
+from lucidrl.workers.rollout.agent.sandbox import SandboxLimits
+from lucidrl.workers.rollout.agent.toolbox import resolve_tools
+from lucidrl.workers.rollout.agent.tools import ToolConfigError, ToolError, row_tools, tool_from_function
 
 
 @pytest.mark.parametrize(
@@ -215,7 +215,7 @@ def test_arithmetic_rows_carry_the_calculator_and_score_the_final_answer(tmp_pat
 
 def test_a_python_tool_on_a_host_missing_sandbox_layers_is_warned_about(monkeypatch):
     from lucidrl.trainer.config_warnings import config_warnings
-    from lucidrl.workers.agent import sandbox
+    from lucidrl.workers.rollout.agent import sandbox
 
     cfg = _load("rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[python]")
     monkeypatch.setattr(sandbox, "layers", lambda: (("rlimits",), (("landlock", "not available"),)))
@@ -227,8 +227,8 @@ def test_a_python_tool_on_a_host_missing_sandbox_layers_is_warned_about(monkeypa
 def test_rows_are_checked_at_loading_with_their_file_and_row(tiny_tokenizer):
     from lucidrl.config.schema import MultiTurnConfig
     from lucidrl.data.dataset import PromptSample
-    from lucidrl.workers.agent import MultiTurnError
-    from lucidrl.workers.agent.rows import check_rows
+    from lucidrl.workers.rollout.agent import MultiTurnError
+    from lucidrl.workers.rollout.agent.rows import check_rows
 
     def row(i, extra):
         messages = [{"role": "user", "content": "What is 2 * 3?"}]

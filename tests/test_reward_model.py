@@ -18,7 +18,7 @@ from lucidrl.models import load_tokenizer
 from lucidrl.models.loading import ModelLoadError
 from lucidrl.trainer.ppo import PPOTrainer
 from lucidrl.trainer.rewards import ModelRewardScorer
-from lucidrl.workers.reward_model import RewardModelWorker, load_reward_model
+from lucidrl.workers.training.reward_model import RewardModelWorker, load_reward_model
 
 OTHER_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}"
 
@@ -286,7 +286,7 @@ def test_non_finite_scores_are_refused_and_a_trained_head_seeds_the_critic(
     tmp_path, reward_model_dir, kk_data, tiny_model, tiny_tokenizer
 ):
     from lucidrl.rewards.custom import RewardOutputError
-    from lucidrl.workers.critic import load_value_model
+    from lucidrl.workers.training.critic import load_value_model
 
     model = load_reward_model(str(reward_model_dir))
     with torch.no_grad():

@@ -3,8 +3,8 @@ import torch
 
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model
-from lucidrl.workers.forward import response_log_probs
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams, response_mask_from_ids
+from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams, response_mask_from_ids
+from lucidrl.workers.training.forward import response_log_probs
 
 
 def test_response_mask_stops_after_first_eos():
@@ -78,7 +78,7 @@ def test_lucidrl_decode_loop_matches_transformers_generate_greedy(kk_data, tiny_
 
 
 def test_decode_loop_stops_rows_at_eos_and_compacts(kk_data, tiny_model, tiny_tokenizer):
-    from lucidrl.workers.decode import sample_group
+    from lucidrl.workers.rollout.decode import sample_group
 
     model = load_model(tiny_model["path"])
     batch = _prompts(kk_data, tiny_tokenizer, k=2)
@@ -103,7 +103,7 @@ def test_decoding_stops_when_the_last_row_has_ended_not_when_all_end_at_once(
 ):
     """Before, a row counted as finished only at the step it emitted its eos: unless every row ended at
     the same step (or a quarter of them did), decoding ran on to max_new_tokens."""
-    from lucidrl.workers.decode import MIN_COMMON_PREFIX, common_prefix_length, sample_group
+    from lucidrl.workers.rollout.decode import MIN_COMMON_PREFIX, common_prefix_length, sample_group
 
     model = load_model(tiny_model["path"])
     eos = tiny_tokenizer.eos_token_id
@@ -130,7 +130,7 @@ def test_decoding_stops_when_the_last_row_has_ended_not_when_all_end_at_once(
 
 
 def test_filter_logits_top_k_and_top_p():
-    from lucidrl.workers.sampling import filter_logits
+    from lucidrl.workers.rollout.sampling import filter_logits
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     assert torch.isinf(filter_logits(logits, 2, 1.0)).tolist() == [[False, False, True, True]]
@@ -140,7 +140,7 @@ def test_filter_logits_top_k_and_top_p():
 
 
 def test_common_prefix_length_counts_the_shared_leading_real_tokens_and_leaves_each_row_one():
-    from lucidrl.workers.decode import common_prefix_length
+    from lucidrl.workers.rollout.decode import common_prefix_length
 
     def left_padded(rows, width):
         ids, mask = (
@@ -165,7 +165,7 @@ def test_common_prefix_length_counts_the_shared_leading_real_tokens_and_leaves_e
 def test_a_shared_system_prompt_is_prefilled_once_with_the_same_samples_and_log_probs(
     kk_data, tiny_model, tiny_tokenizer, monkeypatch
 ):
-    from lucidrl.workers import decode
+    from lucidrl.workers.rollout import decode
 
     model = load_model(tiny_model["path"])
     batch = _prompts(kk_data, tiny_tokenizer, k=8)
@@ -202,7 +202,7 @@ def test_a_rows_samples_do_not_depend_on_when_other_rows_end(
     """Each row draws its own uniform per step (sampling.RowDraws), so dropping finished rows from the
     batch early, late or never changes no row's tokens. With one draw per still-decoding row from the
     process RNG, a row ending at another step shifted every later row's draws."""
-    from lucidrl.workers import decode, sampling
+    from lucidrl.workers.rollout import decode, sampling
 
     model = load_model(tiny_model["path"]).eval()
     eos = tiny_tokenizer.eos_token_id
@@ -228,7 +228,7 @@ def test_a_rows_samples_do_not_depend_on_when_other_rows_end(
 
 
 def test_row_draws_are_fixed_by_row_and_step_whatever_rows_are_asked_for(monkeypatch):
-    from lucidrl.workers import sampling
+    from lucidrl.workers.rollout import sampling
 
     monkeypatch.setattr(sampling, "DRAW_BLOCK", 3)
     torch.manual_seed(0)
@@ -243,7 +243,7 @@ def test_row_draws_are_fixed_by_row_and_step_whatever_rows_are_asked_for(monkeyp
 
 
 def test_reserved_cache_layer_returns_what_was_written_and_grows_past_capacity():
-    from lucidrl.workers.kv_cache import reserved_cache
+    from lucidrl.workers.rollout.kv_cache import reserved_cache
 
     cache = reserved_cache(capacity=3)
     a, b = torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4)
@@ -256,7 +256,7 @@ def test_reserved_cache_layer_returns_what_was_written_and_grows_past_capacity()
 
 
 def test_reserved_cache_in_a_dtype_converts_each_token_once_when_written():
-    from lucidrl.workers.kv_cache import reserved_cache
+    from lucidrl.workers.rollout.kv_cache import reserved_cache
 
     cache = reserved_cache(capacity=4, dtype=torch.float32)
     a = torch.randn(2, 1, 2, 4, dtype=torch.bfloat16)
@@ -273,7 +273,7 @@ def test_decoding_under_bf16_autocast_hands_shared_prefix_attention_a_float32_ow
     float32 once, so the attention (which computes in float32) converts nothing per step."""
     from transformers import AttentionInterface
 
-    from lucidrl.workers import decode, shared_prefix
+    from lucidrl.workers.rollout import decode, shared_prefix
 
     seen = []
 
@@ -298,7 +298,7 @@ def test_decoding_under_bf16_autocast_hands_shared_prefix_attention_a_float32_ow
 
 
 def test_sample_tokens_follows_the_probabilities_and_never_draws_a_zero():
-    from lucidrl.workers.sampling import sample_tokens
+    from lucidrl.workers.rollout.sampling import sample_tokens
 
     torch.manual_seed(0)
     probs = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.25, 0.0, 0.75]])
@@ -309,7 +309,7 @@ def test_sample_tokens_follows_the_probabilities_and_never_draws_a_zero():
 
 
 def _decode_both_ways(model, batch, **kw):
-    from lucidrl.workers.decode import _decode
+    from lucidrl.workers.rollout.decode import _decode
 
     out = []
     for shared in (True, False):
@@ -344,7 +344,8 @@ def test_decoding_falls_back_when_the_attention_ignores_the_shared_prefix(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.qwen2 import modeling_qwen2
 
-    from lucidrl.workers import decode, model_support
+    from lucidrl.workers.common import model_support
+    from lucidrl.workers.rollout import decode
 
     model = load_model(tiny_model["path"]).eval()
     batch = _prompts(kk_data, tiny_tokenizer, k=2)
@@ -363,7 +364,7 @@ def test_decoding_falls_back_when_the_attention_ignores_the_shared_prefix(
 
 
 def test_sample_tokens_at_the_top_of_the_cdf_never_lands_on_a_filtered_token(monkeypatch):
-    from lucidrl.workers import sampling
+    from lucidrl.workers.rollout import sampling
 
     probs = torch.tensor([[0.2, 0.8, 0.0, 0.0]])  # the last two filtered out (top-k / top-p)
     monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(*a[0], dtype=k.get("dtype")))
@@ -375,7 +376,7 @@ def test_shared_prefix_scores_stay_float32_under_autocast():
     the attention keeps them float32: within float32 rounding of a float64 softmax attention."""
     import types
 
-    from lucidrl.workers.shared_prefix import SharedPrefix, shared_prefix_attention
+    from lucidrl.workers.rollout.shared_prefix import SharedPrefix, shared_prefix_attention
 
     torch.manual_seed(0)
     bs, n, heads, kv_heads, d, P, t = 2, 3, 4, 2, 16, 7, 5

@@ -201,7 +201,7 @@ RHO_EVEN, RHO_ODD = 3.0, 0.8
 def _perturbing_engine(monkeypatch, scale: float, masks: list[torch.Tensor]) -> None:
     """Wrap the hf engine: its rollout_log_probs come back shifted by scale * delta, and the response
     masks it produced are recorded."""
-    from lucidrl.workers.rollout_hf import HFRollout
+    from lucidrl.workers.rollout.hf_engine import HFRollout
 
     generate = HFRollout.generate
 

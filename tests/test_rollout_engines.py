@@ -18,9 +18,9 @@ from lucidrl.models import load_model
 from lucidrl.protocol import WEIGHTS_PATH
 from lucidrl.serving.server import make_server
 from lucidrl.workers.policy import PolicyWorker
-from lucidrl.workers.rollout_hf import SamplingParams
-from lucidrl.workers.rollout_server import RolloutServerError, ServerRollout
-from lucidrl.workers.rollout_vllm import VLLMRollout
+from lucidrl.workers.rollout.hf_engine import SamplingParams
+from lucidrl.workers.rollout.server_engine import RolloutServerError, ServerRollout
+from lucidrl.workers.rollout.vllm_engine import VLLMRollout
 
 
 def _post(url, raw: bytes):

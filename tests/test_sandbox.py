@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from lucidrl.workers.agent.sandbox import (
+from lucidrl.workers.rollout.agent.sandbox import (
     ALL_LAYERS,
     SandboxLimits,
     format_result,
@@ -22,7 +22,7 @@ from lucidrl.workers.agent.sandbox import (
     python_tool,
     run_python,
 )
-from lucidrl.workers.agent.tools import ToolError
+from lucidrl.workers.rollout.agent.tools import ToolError
 
 pytestmark = [
     pytest.mark.slow,  # starts processes

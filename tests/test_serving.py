@@ -11,9 +11,9 @@ from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.diagnostics.errors import UsageError
 from lucidrl.models import load_model
 from lucidrl.serving.server import make_server
-from lucidrl.workers.forward import response_log_probs
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
-from lucidrl.workers.rollout_server import RolloutServerError, ServerRollout
+from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.rollout.server_engine import RolloutServerError, ServerRollout
+from lucidrl.workers.training.forward import response_log_probs
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +160,7 @@ def test_a_loopback_server_is_reached_directly_not_through_http_proxy(served, ti
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
     assert ServerRollout(served.url, tiny_tokenizer, timeout_s=30).proxy is None  # health check passed
-    from lucidrl.workers.rollout_server import _opener_for
+    from lucidrl.workers.rollout.server_engine import _opener_for
 
     assert _opener_for("http://10.1.2.3:8000")[1] == f"http://127.0.0.1:{dead}"  # others follow the variables
     monkeypatch.setenv("no_proxy", "10.1.2.3")

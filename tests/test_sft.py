@@ -13,7 +13,7 @@ from lucidrl.cli import main
 from lucidrl.config import ConfigError, SFTConfig, load_config
 from lucidrl.trainer import checkpoint
 from lucidrl.trainer.sft import SFTTrainer
-from lucidrl.workers.train_state import CheckpointError
+from lucidrl.workers.training.train_state import CheckpointError
 
 
 def _cfg(tmp_path, kk_data, tiny_model, run: str, *extra: str) -> SFTConfig:

@@ -12,7 +12,7 @@ from lucidrl import algos
 from lucidrl.config import load_config
 from lucidrl.config.errors import ConfigError
 from lucidrl.config.schema import ActorConfig, OptimConfig
-from lucidrl.workers.actor import ActorWorker, per_token_log_probs
+from lucidrl.workers.training.actor import ActorWorker, per_token_log_probs
 from tests.test_micro_batches import _rollout_with_varied_lengths
 
 

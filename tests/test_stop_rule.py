@@ -15,8 +15,8 @@ from lucidrl.config.errors import ConfigError
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model
 from lucidrl.rewards.word_problems import STOP_AFTER_ANSWER
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams, batch_from_token_lists
-from lucidrl.workers.stop_rule import (
+from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams, batch_from_token_lists
+from lucidrl.workers.rollout.stop_rule import (
     STOPPED_FIELD,
     IncrementalText,
     StopRule,
@@ -371,7 +371,7 @@ def test_the_scan_stops_where_decoding_every_prefix_does(request, which):
 
 
 def test_patterns_are_searched_from_near_the_end_unless_they_hold_a_backreference():
-    from lucidrl.workers.stop_rule import search_plan
+    from lucidrl.workers.rollout.stop_rule import search_plan
 
     assert search_plan(re.compile(r"(\w)\1")) is None
     plans = {p: search_plan(re.compile(p)) for p in PATTERNS if p != r"(\w)\1\1"}
@@ -387,7 +387,7 @@ def test_patterns_are_searched_from_near_the_end_unless_they_hold_a_backreferenc
 def test_no_match_can_begin_where_the_text_was_found_dead():
     """`live`'s claim, on texts that end inside a phrase and many ways to go on: no continuation makes
     the pattern match at a start before the one `live` finds."""
-    from lucidrl.workers.stop_rule import search_plan
+    from lucidrl.workers.rollout.stop_rule import search_plan
 
     rng = random.Random(5)
     checked = 0

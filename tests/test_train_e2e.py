@@ -180,7 +180,7 @@ def test_loader_drawn_is_what_the_trainer_generated_from_across_epochs(
     2 steps an epoch, 8 prompts left out of each)."""
     from lucidrl.config import load_config
     from lucidrl.trainer.ppo import PPOTrainer
-    from lucidrl.workers.rollout_hf import HFRollout
+    from lucidrl.workers.rollout.hf_engine import HFRollout
 
     seen, generate = [], HFRollout.generate
 

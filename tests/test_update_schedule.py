@@ -13,9 +13,9 @@ from test_micro_batches import _rollout_with_varied_lengths
 from lucidrl.algos import agg_loss
 from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig, CriticConfig, OptimConfig
-from lucidrl.workers.actor import ActorWorker
-from lucidrl.workers.critic import CriticWorker, load_value_model
-from lucidrl.workers.optim import NonFiniteLossError
+from lucidrl.workers.training.actor import ActorWorker
+from lucidrl.workers.training.critic import CriticWorker, load_value_model
+from lucidrl.workers.training.optim import NonFiniteLossError
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,15 @@ import torch
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model, load_tokenizer
 from lucidrl.models.loading import ModelLoadError
-from lucidrl.workers.forward import response_log_probs
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
-from lucidrl.workers.weight_push import WeightSyncError, check_rollout_weights, rollout_weights
+from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.rollout.weight_push import WeightSyncError, check_rollout_weights, rollout_weights
+from lucidrl.workers.training.forward import response_log_probs
 
 pytestmark = pytest.mark.vllm
 
 
 def _engine(model_path: str, tokenizer):
-    from lucidrl.workers.rollout_vllm import VLLMRollout
+    from lucidrl.workers.rollout.vllm_engine import VLLMRollout
 
     return VLLMRollout(
         model_path,
@@ -169,7 +169,7 @@ def test_many_seeded_requests_at_once(engine, vllm_tiny_model, tokenizer, kk_dat
 def test_a_stop_rule_cuts_vllm_samples_where_the_rule_says(engine, vllm_tiny_model, tokenizer, kk_data):
     """vLLM stops at strings only: the rule cuts its finished samples, which are the same seeded samples
     as without it, up to each row's first match."""
-    from lucidrl.workers.stop_rule import STOPPED_FIELD, StopRule
+    from lucidrl.workers.rollout.stop_rule import STOPPED_FIELD, StopRule
 
     engine.sync_weights(_moved(vllm_tiny_model["path"]))
     batch = _prompts(kk_data, tokenizer, 3)
@@ -197,7 +197,7 @@ def test_multi_turn_rollouts_run_over_the_real_engine(engine, vllm_tiny_model, t
     from helpers import prompt_batch
 
     from lucidrl.config.schema import MultiTurnConfig
-    from lucidrl.workers.agent import MultiTurnRollout
+    from lucidrl.workers.rollout.agent import MultiTurnRollout
 
     engine.sync_weights(load_model(vllm_tiny_model["path"]))
     end = tokenizer.eos_token_id

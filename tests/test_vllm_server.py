@@ -16,11 +16,11 @@ import torch
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model, load_tokenizer
 from lucidrl.serving.vllm_launch import vllm_command
-from lucidrl.workers.distributed import pick_port
-from lucidrl.workers.forward import response_log_probs
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
-from lucidrl.workers.rollout_server import RolloutServerError, ServerRollout
-from lucidrl.workers.weight_push import rollout_weights
+from lucidrl.workers.common.distributed import pick_port
+from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.rollout.server_engine import RolloutServerError, ServerRollout
+from lucidrl.workers.rollout.weight_push import rollout_weights
+from lucidrl.workers.training.forward import response_log_probs
 
 pytestmark = pytest.mark.vllm
 

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from helpers import end_rank
 
 from lucidrl.models import load_model
-from lucidrl.workers.weight_push import probe_ids, probe_log_probs, rollout_weights
+from lucidrl.workers.rollout.weight_push import probe_ids, probe_log_probs, rollout_weights
 
 
 def test_tied_head_is_sent_under_both_names_when_asked(tiny_model):
@@ -62,7 +62,7 @@ def test_probe_log_probs_are_the_models_own(tiny_model):
 def _fsdp_rank(rank: int, path: str, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from lucidrl.workers.distributed import wrap_for_training
+    from lucidrl.workers.common.distributed import wrap_for_training
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -78,7 +78,7 @@ def _fsdp_rank(rank: int, path: str, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_fsdp2_shards_are_gathered_one_tensor_at_a_time(tiny_model, tmp_path):
-    from lucidrl.workers.distributed import pick_port
+    from lucidrl.workers.common.distributed import pick_port
 
     out = str(tmp_path / "sent.pt")
     mp.spawn(_fsdp_rank, args=(tiny_model["path"], pick_port("127.0.0.1", None), out), nprocs=2)

@@ -47,7 +47,7 @@ MIN_UPDATE_TOKENS = 512
 CHUNK_FROM_VOCAB = 16384
 AUTO_CHUNK_TOKENS = 1024
 CHUNK_ENTRIES = 64 * 2**20
-# logits transforms in config.json that the chunked head would skip (workers/forward.py checks them too)
+# logits transforms in config.json that the chunked head would skip (workers/training/forward.py checks them too)
 _LOGIT_TRANSFORMS = (
     "final_logit_softcapping",
     "logit_scale",
@@ -225,7 +225,7 @@ def _update_bytes(r: _Run, rows: int, checkpointing: bool, chunk: int) -> dict[s
     s = r.shape
     if r.share_prompt and not checkpointing:  # each prompt runs once for its group's samples
         tokens = -(-rows // r.n) * r.prompt + rows * r.response
-    else:  # under checkpointing the forward runs every sample whole (workers/forward.py)
+    else:  # under checkpointing the forward runs every sample whole (workers/training/forward.py)
         tokens = rows * (r.prompt + r.response)
     params = s.params
     parts = _state(r, shard=r.world_size)

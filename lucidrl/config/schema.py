@@ -172,7 +172,7 @@ class VLLMRolloutConfig:
 
 @dataclass
 class PythonToolConfig:
-    """The built-in `python` tool: code run in a sandboxed subprocess (workers/agent/sandbox.py says what
+    """The built-in `python` tool: code run in a sandboxed subprocess (workers/rollout/agent/sandbox.py says what
     the sandbox stops and what it does not)."""
 
     timeout_s: Seconds = 10.0  # wall clock per call; then the process (and all it started) is killed
@@ -305,7 +305,7 @@ class ActorConfig:
     # actor/entropy then covers the samples kept only. actor/zero_advantage_skipped logs the share left out
     skip_zero_advantage: bool = False
     # micro-batches of whole prompt groups ordered by response length, each cut to its own longest
-    # response: no compute on response padding (workers/micro_batches.py)
+    # response: no compute on response padding (workers/training/micro_batches.py)
     length_sorted_micro_batches: bool = True
     # verl's dynamic batch size: cut micro-batches by padded tokens (rows x (prompt + response width))
     # instead of sample counts, so many short samples share a forward and peak activation memory is

@@ -1,6 +1,6 @@
 """How a worker method's Batch is sent to the ranks of a group and how their results come back.
 
-Each worker method declares its mode with `@dispatch(...)` (lucidrl/workers/dispatch.py, where the
+Each worker method declares its mode with `@dispatch(...)` (lucidrl/workers/common/dispatch.py, where the
 modes are described); these functions carry it out for the local and Ray worker groups.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from lucidrl.batch import Batch, BatchError, align_widths
-from lucidrl.workers.dispatch import Dispatch
-from lucidrl.workers.rank_metrics import combine_ranks
+from lucidrl.workers.common.dispatch import Dispatch
+from lucidrl.workers.training.rank_metrics import combine_ranks
 
 
 def split_for_ranks(batch: Batch, world_size: int, mode: Dispatch, method: str) -> tuple[list[Batch], int]:

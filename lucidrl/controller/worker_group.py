@@ -18,8 +18,8 @@ from typing import Any
 from lucidrl.controller.dispatch import merge_from_ranks, split_for_ranks
 from lucidrl.controller.errors import RemoteFailure, RemoteWorkerError, WorkerDiedError
 from lucidrl.diagnostics.debug import debug_enabled
-from lucidrl.workers.dispatch import Dispatch, dispatch_mode
-from lucidrl.workers.distributed import DistInfo, node_ip, pick_port
+from lucidrl.workers.common.dispatch import Dispatch, dispatch_mode
+from lucidrl.workers.common.distributed import DistInfo, node_ip, pick_port
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

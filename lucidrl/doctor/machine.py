@@ -234,7 +234,7 @@ def check_compile(needs: Needs, device: str = "cpu", timeout: float = 600.0) -> 
 
 
 def check_distributed(backend: str = "gloo", world: int = 2, timeout: float = 120.0) -> Check:
-    from lucidrl.workers.distributed import pick_port
+    from lucidrl.workers.common.distributed import pick_port
 
     port = pick_port("127.0.0.1", None)
     procs = [

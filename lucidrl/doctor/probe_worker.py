@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 from lucidrl.batch import Batch
 from lucidrl.diagnostics.errors import UserError
-from lucidrl.workers.dispatch import Dispatch, dispatch
-from lucidrl.workers.distributed import DistInfo, init_process_group
-from lucidrl.workers.rank_metrics import Combine, RankMetrics
+from lucidrl.workers.common.dispatch import Dispatch, dispatch
+from lucidrl.workers.common.distributed import DistInfo, init_process_group
+from lucidrl.workers.training.rank_metrics import Combine, RankMetrics
 
 
 class TwoArgError(Exception):

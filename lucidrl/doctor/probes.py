@@ -57,7 +57,7 @@ def probe_dist(rank: int, world: int, port: int, backend: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from lucidrl.workers.distributed import DistInfo, init_process_group
+    from lucidrl.workers.common.distributed import DistInfo, init_process_group
 
     if backend == "nccl":
         torch.cuda.set_device(rank)

@@ -146,7 +146,7 @@ def check_model(cfg: Any, tokenizer: Any, path: str, key: str) -> Check:
 
 def check_rollout_server(cfg: Any, tokenizer: Any) -> Check:
     """rollout.name=server: the server answers its health check and takes the actor's weights."""
-    from lucidrl.workers.rollout_server import ServerRollout
+    from lucidrl.workers.rollout.server_engine import ServerRollout
 
     sv = cfg.rollout.server
     engine = ServerRollout(
@@ -202,7 +202,7 @@ def check_reward_model(cfg: Any, policy_tokenizer: Any) -> Check:
 
     from lucidrl.models.inspection import _safetensors_shapes
     from lucidrl.models.loading import load_tokenizer
-    from lucidrl.workers.reward_model import same_tokenizer
+    from lucidrl.workers.training.reward_model import same_tokenizer
 
     m = cfg.reward_model.model
     config = AutoConfig.from_pretrained(m.path, local_files_only=True, trust_remote_code=m.trust_remote_code)

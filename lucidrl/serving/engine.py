@@ -24,8 +24,8 @@ from lucidrl.protocol import (
     model_fingerprint,
     parse_completion_request,
 )
-from lucidrl.workers.forward import response_log_probs
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.training.forward import response_log_probs
 
 DEFAULT_MAX_QUEUED = 8  # requests that may wait while one generates; more are answered 503 at once
 # prompts x n one request may ask for: a request for millions of samples would hold the server for hours

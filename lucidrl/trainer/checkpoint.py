@@ -18,7 +18,7 @@ complete one, so a run killed mid-save resumes from the one before; a save that 
 removes its `.tmp` folder and says what to free (trainer/save_failure.py). Resuming restores all of the
 above in every worker group, then refuses if a key that gives the saved state its meaning changed
 (FROZEN_KEYS, SFT_FROZEN_KEYS) and lists the keys that changed otherwise. A file that cannot be read
-is an error naming it and the earlier checkpoints (workers/checkpoint_files.py); RNG files are read
+is an error naming it and the earlier checkpoints (workers/training/checkpoint_files.py); RNG files are read
 as tensors and numbers only, but torch.distributed.checkpoint unpickles `.metadata`: resume only
 checkpoints from a source you trust.
 """
@@ -40,13 +40,9 @@ import yaml
 from lucidrl.config import flat_keys
 from lucidrl.models.saving import fsync_dir, fsync_tree
 from lucidrl.trainer.save_failure import removed_on_failure
-from lucidrl.workers.checkpoint_files import damaged, missing, read_json
-from lucidrl.workers.train_state import (
-    CheckpointError,
-    check_train_state,
-    process_rng_state,
-    restore_rng_file,
-)
+from lucidrl.workers.common.rng import process_rng_state
+from lucidrl.workers.training.checkpoint_files import damaged, missing, read_json
+from lucidrl.workers.training.train_state import CheckpointError, check_train_state, restore_rng_file
 
 log = logging.getLogger(__name__)
 

@@ -61,7 +61,7 @@ def config_warnings(cfg: LucidConfig) -> list[str]:
         )
     mt = cfg.rollout.multi_turn
     if mt.enable and "python" in mt.tools:
-        from lucidrl.workers.agent.sandbox import layers
+        from lucidrl.workers.rollout.agent.sandbox import layers
 
         held, missing = layers()
         if missing:

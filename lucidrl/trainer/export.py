@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lucidrl.trainer.checkpoint import check_checkpoint, read_config, read_state
-from lucidrl.workers.train_state import CheckpointError
+from lucidrl.workers.training.train_state import CheckpointError
 
 
 def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
@@ -20,7 +20,7 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     from lucidrl.models.loading import DTYPES, ModelLoadError
     from lucidrl.models.lora import ADAPTER, quiet_peft
     from lucidrl.models.saving import save_hf_folder
-    from lucidrl.workers.train_state import WEIGHTS
+    from lucidrl.workers.training.train_state import WEIGHTS
 
     ckpt = check_checkpoint(path, key="CHECKPOINT")
     target = Path(out)

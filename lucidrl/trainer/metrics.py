@@ -13,8 +13,8 @@ import torch
 
 from lucidrl.algos import explained_variance
 from lucidrl.batch import Batch, response_attention, response_lengths
-from lucidrl.workers.agent.trajectory import multi_turn_metrics
-from lucidrl.workers.stop_rule import STOPPED_FIELD
+from lucidrl.workers.rollout.agent.trajectory import multi_turn_metrics
+from lucidrl.workers.rollout.stop_rule import STOPPED_FIELD
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lucidrl.workers.checkpoint_files import CheckpointError, cause_of
+from lucidrl.workers.training.checkpoint_files import CheckpointError, cause_of
 
 MiB = 2**20
 # less than this free after a failed write: the write failed for want of space whatever it said

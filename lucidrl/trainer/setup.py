@@ -28,7 +28,7 @@ from lucidrl.rewards.registry import check_data_sources
 from lucidrl.trainer import run_status
 from lucidrl.trainer.rewards import ModelRewardScorer
 from lucidrl.workers.policy import PolicyWorker
-from lucidrl.workers.rollout_hf import SamplingParams
+from lucidrl.workers.rollout.hf_engine import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def load_data(
             what="data.val_files",
         )
     if cfg.rollout.multi_turn.enable:  # rows' tools and environments, and prompt lengths with the tools
-        from lucidrl.workers.agent.rows import check_rows
+        from lucidrl.workers.rollout.agent.rows import check_rows
 
         check_rows(train + val, tokenizer, cfg.rollout.multi_turn, d.max_prompt_length)
     if check_rewards and uses_rule_rewards(cfg) and not cfg.reward.custom_function.path:

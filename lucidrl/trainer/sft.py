@@ -21,10 +21,10 @@ from lucidrl.trainer import checkpoint, run_status
 from lucidrl.trainer.interrupt import RunInterrupted, StopSignals, how_to_continue, stopped_message
 from lucidrl.trainer.setup import prepare_run_dir, run_dir_of, seed_everything
 from lucidrl.trainer.tracking import Tracker
-from lucidrl.workers.forward import check_chunkable_head, chunked_head_log_probs
-from lucidrl.workers.model_support import enable_activation_checkpointing
-from lucidrl.workers.optim import NonFiniteLossError, build_optimizer, clip_grad
-from lucidrl.workers.train_state import load_train_state, save_train_state
+from lucidrl.workers.common.model_support import enable_activation_checkpointing
+from lucidrl.workers.training.forward import check_chunkable_head, chunked_head_log_probs
+from lucidrl.workers.training.optim import NonFiniteLossError, build_optimizer, clip_grad
+from lucidrl.workers.training.train_state import load_train_state, save_train_state
 
 SFT_CONSOLE_KEYS = [
     ("sft/loss", "loss"),

@@ -14,8 +14,8 @@ from lucidrl.data.dataset import PromptSample, collate
 from lucidrl.rewards.kk import people_count
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer.metrics import nanmean
-from lucidrl.workers.agent.trajectory import multi_turn_metrics
-from lucidrl.workers.rollout_hf import SamplingParams
+from lucidrl.workers.rollout.agent.trajectory import multi_turn_metrics
+from lucidrl.workers.rollout.hf_engine import SamplingParams
 
 
 def validate(

@@ -33,10 +33,8 @@ from lucidrl.models.loading import DTYPES
 from lucidrl.models.lora import ADAPTER, apply_lora, is_lora, merged
 from lucidrl.models.precision import autocast_dtype
 from lucidrl.models.saving import save_hf_folder
-from lucidrl.workers.actor import ActorWorker, ReferenceWorker
-from lucidrl.workers.critic import CriticWorker, load_value_model
-from lucidrl.workers.dispatch import Dispatch, dispatch
-from lucidrl.workers.distributed import (
+from lucidrl.workers.common.dispatch import Dispatch, dispatch
+from lucidrl.workers.common.distributed import (
     DistInfo,
     copy_full_parameters,
     full_state_dict,
@@ -45,17 +43,15 @@ from lucidrl.workers.distributed import (
     unwrap,
     wrap_for_training,
 )
-from lucidrl.workers.model_support import enable_activation_checkpointing
-from lucidrl.workers.rank_metrics import RankMetrics
-from lucidrl.workers.reward_model import RewardModelWorker
-from lucidrl.workers.rollout_hf import HFRollout, SamplingParams, eos_token_ids
-from lucidrl.workers.train_state import (
-    load_train_state,
-    process_rng_state,
-    restore_rng_file,
-    save_train_state,
-)
-from lucidrl.workers.weight_push import check_rollout_weights, rollout_weights
+from lucidrl.workers.common.model_support import enable_activation_checkpointing
+from lucidrl.workers.common.rng import process_rng_state
+from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams, eos_token_ids
+from lucidrl.workers.rollout.weight_push import check_rollout_weights, rollout_weights
+from lucidrl.workers.training.actor import ActorWorker, ReferenceWorker
+from lucidrl.workers.training.critic import CriticWorker, load_value_model
+from lucidrl.workers.training.rank_metrics import RankMetrics
+from lucidrl.workers.training.reward_model import RewardModelWorker
+from lucidrl.workers.training.train_state import load_train_state, restore_rng_file, save_train_state
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +128,7 @@ class PolicyWorker:
             if not isinstance(self.rollout, HFRollout):
                 self._push_rollout_weights()  # the engine must generate with the actor's weights
             if cfg.rollout.multi_turn.enable:  # conversations over the engine, one call per turn
-                from lucidrl.workers.agent import MultiTurnRollout
+                from lucidrl.workers.rollout.agent import MultiTurnRollout
 
                 d = cfg.data
                 self.agent = MultiTurnRollout(
@@ -213,7 +209,7 @@ class PolicyWorker:
             )
         eos_ids = eos_token_ids(model, self.tokenizer)
         if r.name == "server":
-            from lucidrl.workers.rollout_server import ServerRollout
+            from lucidrl.workers.rollout.server_engine import ServerRollout
 
             sv = r.server
             engine = ServerRollout(
@@ -228,7 +224,7 @@ class PolicyWorker:
             engine.check_accepts_weights(model.config)
             return engine
         if r.name == "vllm":
-            from lucidrl.workers.rollout_vllm import VLLMRollout
+            from lucidrl.workers.rollout.vllm_engine import VLLMRollout
 
             v, d = r.vllm, self.cfg.data
             return VLLMRollout(

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from lucidrl.diagnostics.errors import UserError
-from lucidrl.workers.distributed import reshard, unwrap
+from lucidrl.workers.common.distributed import reshard, unwrap
 
 PEFT_PREFIX = "base_model.model."
 

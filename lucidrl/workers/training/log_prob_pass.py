@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from lucidrl.batch import Batch
-from lucidrl.workers.forward import response_log_probs, response_log_probs_and_sum_pi_squared
-from lucidrl.workers.micro_batches import micro_batches, scatter_rows
+from lucidrl.workers.training.forward import response_log_probs, response_log_probs_and_sum_pi_squared
+from lucidrl.workers.training.micro_batches import micro_batches, scatter_rows
 
 
 def per_token_log_probs(

@@ -13,7 +13,6 @@ decides when to save and what to resume.
 
 from __future__ import annotations
 
-import random
 import shutil
 import warnings
 from contextlib import contextmanager
@@ -25,7 +24,8 @@ import torch.distributed as dist
 
 from lucidrl.models.lora import ADAPTER, is_lora, load_adapter_state
 from lucidrl.models.saving import make_portable
-from lucidrl.workers.checkpoint_files import (  # noqa: F401 - CheckpointError is imported from here too
+from lucidrl.workers.common.rng import set_process_rng_state
+from lucidrl.workers.training.checkpoint_files import (  # noqa: F401 - CheckpointError is imported from here too
     CheckpointError,
     check_saved_shapes,
     damaged,
@@ -45,25 +45,6 @@ def _single_process_quiet():
             "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
         )
         yield
-
-
-def process_rng_state() -> dict[str, Any]:
-    """This process's torch (CPU and CUDA) and Python RNG states."""
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    # every GPU's generator (a local run may sample on cuda:1 while cuda:0 is current), once CUDA is
-    # in use; a resume on a host that shows fewer GPUs restores the ones it has
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    return rng
-
-
-def set_process_rng_state(rng: dict[str, Any]) -> None:
-    """Put back what process_rng_state returned (load_rng_state reads it from a checkpoint file)."""
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        for index, state in enumerate(rng["cuda"][: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(state, index)
-    random.setstate(rng["python"])
 
 
 def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -125,7 +106,7 @@ def save_train_state(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    from lucidrl.workers.distributed import reshard
+    from lucidrl.workers.common.distributed import reshard
 
     weights = path / WEIGHTS
     sharded = dist.is_initialized() and dist.get_world_size() > 1

@@ -24,13 +24,13 @@ from typing import Any
 import torch
 
 from lucidrl.batch import Batch
-from lucidrl.workers.agent.chat import ChatFormat
-from lucidrl.workers.agent.environments import resolve_environment
-from lucidrl.workers.agent.parsers import ParsedTurn, get_tool_call_format
-from lucidrl.workers.agent.sandbox import SandboxLimits
-from lucidrl.workers.agent.toolbox import resolve_tools
-from lucidrl.workers.agent.tools import MultiTurnError, Tool, ToolError, call_tool, row_tools
-from lucidrl.workers.agent.trajectory import Trajectory, to_batch
+from lucidrl.workers.rollout.agent.chat import ChatFormat
+from lucidrl.workers.rollout.agent.environments import resolve_environment
+from lucidrl.workers.rollout.agent.parsers import ParsedTurn, get_tool_call_format
+from lucidrl.workers.rollout.agent.sandbox import SandboxLimits
+from lucidrl.workers.rollout.agent.toolbox import resolve_tools
+from lucidrl.workers.rollout.agent.tools import MultiTurnError, Tool, ToolError, call_tool, row_tools
+from lucidrl.workers.rollout.agent.trajectory import Trajectory, to_batch
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +321,7 @@ class MultiTurnRollout:
         if not isinstance(parsed, ParsedTurn):
             raise MultiTurnError(
                 f"rollout.multi_turn.format={self.format.name!r} returned {type(parsed).__name__}, not a ParsedTurn "
-                "(lucidrl.workers.agent.parsers)"
+                "(lucidrl.workers.rollout.agent.parsers)"
             )
         return parsed
 

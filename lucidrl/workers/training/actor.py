@@ -12,12 +12,12 @@ from lucidrl.batch import Batch, loss_mask
 from lucidrl.config.memory_plan import plain_actor
 from lucidrl.config.schema import ActorConfig, RolloutCorrectionConfig
 from lucidrl.models.precision import compute_context
-from lucidrl.workers.forward import check_chunkable_head, check_prompt_sharable, response_log_probs
-from lucidrl.workers.log_prob_pass import per_token_log_probs, per_token_log_probs_and_sum_pi_squared
-from lucidrl.workers.micro_batches import inert_pads, loss_weights, micro_batches, token_shares
-from lucidrl.workers.optim import build_optimizer
-from lucidrl.workers.rank_metrics import Combine, RankMetrics
-from lucidrl.workers.update_loop import run_update, update_metrics
+from lucidrl.workers.training.forward import check_chunkable_head, check_prompt_sharable, response_log_probs
+from lucidrl.workers.training.log_prob_pass import per_token_log_probs, per_token_log_probs_and_sum_pi_squared
+from lucidrl.workers.training.micro_batches import inert_pads, loss_weights, micro_batches, token_shares
+from lucidrl.workers.training.optim import build_optimizer
+from lucidrl.workers.training.rank_metrics import Combine, RankMetrics
+from lucidrl.workers.training.update_loop import run_update, update_metrics
 
 
 def policy_loss_kwargs(
@@ -321,7 +321,7 @@ class ActorWorker:
 
     def update(self, batch: Batch) -> RankMetrics:
         """ppo_epochs passes over mini-batches of `ppo_mini_batch_size` prompts; one optimizer step each
-        (workers/update_loop.py, shared with the critic)."""
+        (workers/training/update_loop.py, shared with the critic)."""
         cfg = self.cfg
         lr = self.scheduler.get_last_lr()[0]  # the rate every optimizer step of this update uses
         # entropy of the policy that sampled the batch: from the old-log-prob pass where it ran;

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from lucidrl.batch import RESPONSE_ATTENTION, Batch
-from lucidrl.workers.agent.tools import Tool
+from lucidrl.workers.rollout.agent.tools import Tool
 
 STAT_PREFIX = "multi_turn:"
 # per-sample counts, each a multi_turn:<name> tensor in the batch

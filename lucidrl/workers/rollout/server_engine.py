@@ -39,7 +39,7 @@ import torch
 from lucidrl.batch import Batch
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.protocol import WEIGHTS_PATH, error_message
-from lucidrl.workers.rollout_hf import SamplingParams, batch_from_token_lists
+from lucidrl.workers.rollout.hf_engine import SamplingParams, batch_from_token_lists
 
 
 class RolloutServerError(UserError, RuntimeError):
@@ -182,7 +182,7 @@ class ServerRollout:
 
     def sync_weights(self, model: torch.nn.Module) -> str:
         """Push `model`'s parameters (an unsharded module; LoRA merged) to the server."""
-        from lucidrl.workers.weight_push import rollout_weights
+        from lucidrl.workers.rollout.weight_push import rollout_weights
 
         return self.load_weights(dict(rollout_weights(model)))
 

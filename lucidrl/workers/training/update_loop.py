@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from lucidrl.batch import Batch
-from lucidrl.workers.optim import NonFiniteLossError, step_if_finite
-from lucidrl.workers.rank_metrics import Combine, RankMetrics
+from lucidrl.workers.training.optim import NonFiniteLossError, step_if_finite
+from lucidrl.workers.training.rank_metrics import Combine, RankMetrics
 
 # One mini-batch's forwards and backwards; it adds its metrics, each weighted so that they sum to the
 # mini-batch's value, into the dict it is given. The optimizer step is the loop's.

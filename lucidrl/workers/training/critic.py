@@ -14,11 +14,11 @@ from lucidrl.batch import Batch, loss_mask
 from lucidrl.config.schema import CriticConfig
 from lucidrl.models.loading import ModelLoadError
 from lucidrl.models.precision import compute_context
-from lucidrl.workers.forward import sequence_inputs
-from lucidrl.workers.micro_batches import loss_weights, micro_batches, scatter_rows, token_shares
-from lucidrl.workers.optim import build_optimizer
-from lucidrl.workers.rank_metrics import RankMetrics
-from lucidrl.workers.update_loop import run_update, update_metrics
+from lucidrl.workers.training.forward import sequence_inputs
+from lucidrl.workers.training.micro_batches import loss_weights, micro_batches, scatter_rows, token_shares
+from lucidrl.workers.training.optim import build_optimizer
+from lucidrl.workers.training.rank_metrics import RankMetrics
+from lucidrl.workers.training.update_loop import run_update, update_metrics
 
 
 def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -108,7 +108,7 @@ class CriticWorker:
         return Batch(tensors={"values": values * batch["response_mask"]})
 
     def update(self, batch: Batch) -> RankMetrics:
-        """ppo_epochs passes over mini-batches; one optimizer step each (workers/update_loop.py, shared
+        """ppo_epochs passes over mini-batches; one optimizer step each (workers/training/update_loop.py, shared
         with the actor). A step whose gradient norm is not finite is skipped and counted
         (critic/nonfinite_skipped); an update where every step is raises."""
         cfg = self.cfg

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from lucidrl.workers.agent.chat import ChatFormat
-from lucidrl.workers.agent.environments import resolve_environment
-from lucidrl.workers.agent.parsers import get_tool_call_format
-from lucidrl.workers.agent.sandbox import SandboxLimits
-from lucidrl.workers.agent.toolbox import resolve_tools
-from lucidrl.workers.agent.tools import MultiTurnError, row_tools
+from lucidrl.workers.rollout.agent.chat import ChatFormat
+from lucidrl.workers.rollout.agent.environments import resolve_environment
+from lucidrl.workers.rollout.agent.parsers import get_tool_call_format
+from lucidrl.workers.rollout.agent.sandbox import SandboxLimits
+from lucidrl.workers.rollout.agent.toolbox import resolve_tools
+from lucidrl.workers.rollout.agent.tools import MultiTurnError, row_tools
 
 
 def check_rows(samples: list[Any], tokenizer: Any, cfg: Any, max_prompt_length: int) -> None:

@@ -11,7 +11,7 @@ from lucidrl.algos.head_logprob import head_log_probs
 from lucidrl.algos.logprob import sum_pi_squared_from_logits
 from lucidrl.batch import Batch, response_attention
 from lucidrl.diagnostics.errors import UserError
-from lucidrl.workers.model_support import (
+from lucidrl.workers.common.model_support import (
     _cache_kwarg,
     checkpointing_active,
     last_logits_only,

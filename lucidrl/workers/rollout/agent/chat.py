@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lucidrl.workers.agent.parsers import ToolCallFormat
-from lucidrl.workers.agent.tools import MultiTurnError
+from lucidrl.workers.rollout.agent.parsers import ToolCallFormat
+from lucidrl.workers.rollout.agent.tools import MultiTurnError
 
 _SENTINEL = "LUCIDRL-PROBE-7f3a"
 _PROBE_TOOL = {

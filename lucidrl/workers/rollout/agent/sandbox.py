@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lucidrl.workers.agent.tools import Tool, ToolError, tool_from_function
+from lucidrl.workers.rollout.agent.tools import Tool, ToolError, tool_from_function
 
 log = logging.getLogger(__name__)
 

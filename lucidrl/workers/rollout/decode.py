@@ -22,8 +22,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
 from lucidrl.models.precision import masked_gqa
-from lucidrl.workers.kv_cache import reserved_cache
-from lucidrl.workers.model_support import (
+from lucidrl.workers.common.model_support import (
     _cache_kwarg,
     _can_prefill_shared_prompt,
     _can_share_prefix,
@@ -31,15 +30,16 @@ from lucidrl.workers.model_support import (
     last_logits_only,
     mark_no_shared_prefix,
 )
-from lucidrl.workers.sampling import RowDraws, filter_logits, sample_tokens
-from lucidrl.workers.shared_prefix import (
+from lucidrl.workers.common.rng import process_rng_state, set_process_rng_state
+from lucidrl.workers.rollout.kv_cache import reserved_cache
+from lucidrl.workers.rollout.sampling import RowDraws, filter_logits, sample_tokens
+from lucidrl.workers.rollout.shared_prefix import (
     SHARED_PREFIX_ATTENTION,
     SharedPrefix,
     SharedPrefixUnsupported,
     attention_implementation,
 )
-from lucidrl.workers.stop_rule import StopRule
-from lucidrl.workers.train_state import process_rng_state, set_process_rng_state
+from lucidrl.workers.rollout.stop_rule import StopRule
 
 # drop finished rows from the cache once this share of the active rows has ended
 COMPACT_FRACTION = 0.25

@@ -43,9 +43,9 @@ import torch
 
 from lucidrl.batch import Batch
 from lucidrl.models.loading import ModelLoadError
-from lucidrl.workers import vllm_sync
-from lucidrl.workers.rollout_hf import SamplingParams, batch_from_token_lists
-from lucidrl.workers.train_state import process_rng_state, set_process_rng_state
+from lucidrl.workers.common.rng import process_rng_state, set_process_rng_state
+from lucidrl.workers.rollout import vllm_sync
+from lucidrl.workers.rollout.hf_engine import SamplingParams, batch_from_token_lists
 
 
 def request_seed(base: int, uid: Any, n: int) -> int:
@@ -137,7 +137,7 @@ class VLLMRollout:
                 os.environ.setdefault(key, str(value))
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             if "MASTER_PORT" not in os.environ:
-                from lucidrl.workers.distributed import pick_port
+                from lucidrl.workers.common.distributed import pick_port
 
                 os.environ["MASTER_PORT"] = str(pick_port("127.0.0.1", None))
         if cpu is None:
@@ -242,7 +242,7 @@ class VLLMRollout:
         return vllm_sync.compare_engine_weights(self.llm, named)
 
     def sync_weights(self, model: torch.nn.Module) -> str:
-        from lucidrl.workers.weight_push import rollout_weights
+        from lucidrl.workers.rollout.weight_push import rollout_weights
 
         return self.load_weights(rollout_weights(model))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any, Protocol
 
-from lucidrl.workers.agent.tools import MultiTurnError, ToolConfigError, load_object
+from lucidrl.workers.rollout.agent.tools import MultiTurnError, ToolConfigError, load_object
 
 
 class Environment(Protocol):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from fractions import Fraction
 
-from lucidrl.workers.agent.tools import ToolError
+from lucidrl.workers.rollout.agent.tools import ToolError
 
 MAX_EXPRESSION_CHARS = 500
 MAX_EXPONENT = 4096

@@ -102,7 +102,7 @@ def combine_ranks(results: list[dict[str, float]], method: str = "a worker metho
     if undeclared:
         raise BatchError(
             f"{method} returned metrics from {len(results)} ranks without saying how they combine: "
-            f"{', '.join(undeclared)}; return a lucidrl.workers.rank_metrics.RankMetrics and put each "
+            f"{', '.join(undeclared)}; return a lucidrl.workers.training.rank_metrics.RankMetrics and put each "
             "with its Combine (MEAN of pre-weighted parts, SAME, SUM, MAX, MIN)"
         )
     keys = list(dict.fromkeys(k for r in results for k in r))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lucidrl.workers.agent.calculator import calculator
-from lucidrl.workers.agent.sandbox import SandboxLimits, python_tool
-from lucidrl.workers.agent.tools import Tool, ToolConfigError, load_object, tool_from_function
+from lucidrl.workers.rollout.agent.calculator import calculator
+from lucidrl.workers.rollout.agent.sandbox import SandboxLimits, python_tool
+from lucidrl.workers.rollout.agent.tools import Tool, ToolConfigError, load_object, tool_from_function
 
 # each is built from the python tool's limits (rollout.multi_turn.python)
 BUILTIN_TOOLS: dict[str, Callable[[SandboxLimits], Tool]] = {

@@ -1,6 +1,6 @@
 """The python tool's sandbox process: it confines itself, then runs the model's code.
 
-Run as a script by lucidrl.workers.agent.sandbox (`python -I sandbox_child.py SETTINGS`), standard
+Run as a script by lucidrl.workers.rollout.agent.sandbox (`python -I sandbox_child.py SETTINGS`), standard
 library only. It never runs the code itself:
 
     this process (outside any namespace)     waits, reports the pid to kill on a timeout

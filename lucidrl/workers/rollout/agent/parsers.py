@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lucidrl.workers.agent.tools import ToolConfigError, load_object
+from lucidrl.workers.rollout.agent.tools import ToolConfigError, load_object
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from transformers import GenerationConfig, StoppingCriteriaList
 from lucidrl.algos import logprobs_from_logits
 from lucidrl.batch import Batch
 from lucidrl.models.precision import compute_context
-from lucidrl.workers.decode import sample_group
-from lucidrl.workers.model_support import check_decode_loop_supported
-from lucidrl.workers.stop_rule import STOPPED_FIELD, StopRule, StopRuleCriteria, stop_rule
+from lucidrl.workers.common.model_support import check_decode_loop_supported
+from lucidrl.workers.rollout.decode import sample_group
+from lucidrl.workers.rollout.stop_rule import STOPPED_FIELD, StopRule, StopRuleCriteria, stop_rule
 
 
 @dataclass
@@ -100,7 +100,7 @@ class HFRollout:
     """Generates with a HF causal LM in this process (colocated with the actor: weights are shared).
 
     `decode_loop="lucidrl"` (default) uses lucidrl's loop (each prompt prefilled once for its n
-    samples, finished rows dropped: lucidrl.workers.decode); "transformers" calls `model.generate`.
+    samples, finished rows dropped: lucidrl.workers.rollout.decode); "transformers" calls `model.generate`.
     """
 
     def __init__(
