@@ -53,7 +53,8 @@ from lucidrl.rewards import gsm8k
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.rewards.math import last_boxed
 from lucidrl.rewards.registry import default_compute_score
-from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout
 
 # ---------------------------------------------------------------- answer formats: instruction, extractor
 

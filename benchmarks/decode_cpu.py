@@ -101,7 +101,8 @@ def main() -> None:
     from lucidrl.data.dataset import collate, load_prompts
     from lucidrl.models import load_model, load_tokenizer
     from lucidrl.workers.rollout import decode, shared_prefix
-    from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+    from lucidrl.workers.rollout.engine import SamplingParams
+    from lucidrl.workers.rollout.hf_engine import HFRollout
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:

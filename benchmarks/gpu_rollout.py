@@ -86,7 +86,8 @@ def main() -> None:
 
     from lucidrl.data.dataset import collate
     from lucidrl.models import load_model
-    from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+    from lucidrl.workers.rollout.engine import SamplingParams
+    from lucidrl.workers.rollout.hf_engine import HFRollout
 
     results: dict[str, tuple[list[float], list[int], float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,7 +163,7 @@ def main() -> None:
 
 def vllm_engine_check(info, tok, model, batch, samples, args, dtype) -> dict:
     """Time lucidrl's VLLMRollout and check that pushed weights are the ones it samples with."""
-    from lucidrl.workers.rollout.hf_engine import SamplingParams, eos_token_ids
+    from lucidrl.workers.rollout.engine import SamplingParams, eos_token_ids
     from lucidrl.workers.rollout.vllm_engine import VLLMRollout
     from lucidrl.workers.training.forward import response_log_probs
 

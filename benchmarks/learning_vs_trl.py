@@ -334,7 +334,7 @@ def with_stop_rule(base: type, model, tok, pattern: str, calls: dict) -> type:
     on as if sampled). `calls` counts the generate calls that had the criterion."""
     from transformers import StoppingCriteriaList
 
-    from lucidrl.workers.rollout.hf_engine import eos_token_ids
+    from lucidrl.workers.rollout.engine import eos_token_ids
     from lucidrl.workers.rollout.stop_rule import StopRule, StopRuleCriteria
 
     rule = StopRule(pattern, tok, eos_token_ids(model, tok))

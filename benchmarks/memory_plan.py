@@ -99,7 +99,8 @@ def worker(work: Path, case: str, phase: str) -> dict:
     from lucidrl.models import load_model
     from lucidrl.models.precision import autocast_dtype
     from lucidrl.workers.common.model_support import enable_activation_checkpointing
-    from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+    from lucidrl.workers.rollout.engine import SamplingParams
+    from lucidrl.workers.rollout.hf_engine import HFRollout
     from lucidrl.workers.training.actor import ActorWorker
 
     shape, prompts, n, prompt_len, response_len, _ = CASES[case]

@@ -49,7 +49,8 @@ def worker(work: Path, name: str, device: str, repeats: int) -> dict:
     from lucidrl.models import load_model, load_tokenizer
     from lucidrl.models.loading import DTYPES
     from lucidrl.models.precision import autocast_dtype
-    from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+    from lucidrl.workers.rollout.engine import SamplingParams
+    from lucidrl.workers.rollout.hf_engine import HFRollout
     from lucidrl.workers.training.actor import ActorWorker
 
     prep = json.loads((work / "prep.json").read_text())

@@ -55,7 +55,8 @@ def make_batch(work: Path) -> None:
 
     from lucidrl.data.dataset import collate, load_prompts
     from lucidrl.models import load_model, load_tokenizer
-    from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+    from lucidrl.workers.rollout.engine import SamplingParams
+    from lucidrl.workers.rollout.hf_engine import HFRollout
 
     step_vs_trl.N_PROMPTS = N_PROMPTS
     prep = prepare(work)

@@ -154,7 +154,7 @@ class ScriptedEngine:
         self.calls = []  # (rows, n, max_new_tokens) per generate call
 
     def generate(self, batch, params):
-        from lucidrl.workers.rollout.hf_engine import batch_from_token_lists
+        from lucidrl.workers.rollout.responses import batch_from_token_lists
 
         self.calls.append((len(batch), params.n, params.max_new_tokens))
         ids, logps = [], []

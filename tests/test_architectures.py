@@ -27,7 +27,7 @@ from lucidrl.workers.common import model_support
 from lucidrl.workers.common.model_support import _can_prefill_shared_prompt
 from lucidrl.workers.rollout import decode
 from lucidrl.workers.rollout.decode import MIN_COMMON_PREFIX, sample_group
-from lucidrl.workers.rollout.hf_engine import response_mask_from_ids
+from lucidrl.workers.rollout.responses import response_mask_from_ids
 from lucidrl.workers.training.forward import response_log_probs
 
 V, PAD, EOS = 256, 0, 1

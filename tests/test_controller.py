@@ -405,7 +405,8 @@ def test_an_unset_ray_address_starts_ray_here_beside_a_running_cluster_and_RAY_A
 def test_ranks_rollouts_of_different_lengths_are_padded_to_one_width_when_merged():
     """Each rank's rollout trims to its own longest response; before, joining them was torch.cat's
     'Sizes of tensors must match' on any multi-rank run whose ranks' longest responses differed."""
-    from lucidrl.workers.rollout.hf_engine import SamplingParams, batch_from_token_lists
+    from lucidrl.workers.rollout.engine import SamplingParams
+    from lucidrl.workers.rollout.responses import batch_from_token_lists
 
     pad_id, eos = 0, 2
     prompts = Batch(

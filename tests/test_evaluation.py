@@ -164,7 +164,7 @@ def test_a_source_without_an_acc_metric_keeps_its_score_as_accuracy_in_a_mixed_c
     import torch
 
     import lucidrl.trainer.evaluation as ev
-    from lucidrl.workers.rollout.hf_engine import SamplingParams
+    from lucidrl.workers.rollout.engine import SamplingParams
 
     class Rollout:
         eos_ids = [9]
@@ -206,7 +206,8 @@ def test_responses_cut_at_max_new_tokens_are_counted_and_warned_about(kk_data, t
     from lucidrl.data.dataset import collate, load_prompts
     from lucidrl.models import load_model, load_tokenizer
     from lucidrl.trainer.evaluation import truncation_warnings
-    from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+    from lucidrl.workers.rollout.engine import SamplingParams
+    from lucidrl.workers.rollout.hf_engine import HFRollout
 
     result = evaluate(tiny_model["path"], [kk_data["val"]], k=1, max_new_tokens=6, seed=0, sampled=False)
     assert set(result["data_sources"]["kk_logic"]) == {"n_prompts", "n_prompts_by_people", "greedy"}

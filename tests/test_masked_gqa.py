@@ -12,7 +12,8 @@ import transformers.integrations.sdpa_attention as sdpa
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model
 from lucidrl.models.precision import FORCE_GQA, compute_context, masked_gqa
-from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout
 from lucidrl.workers.training.forward import response_log_probs
 from tests.test_micro_batches import _rollout_with_varied_lengths
 

@@ -13,7 +13,8 @@ from lucidrl.batch import Batch
 from lucidrl.config.schema import ActorConfig, OptimConfig
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model
-from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout
 from lucidrl.workers.training.actor import ActorWorker, per_token_log_probs
 from lucidrl.workers.training.micro_batches import (
     length_sorted_micro_batches,

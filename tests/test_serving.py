@@ -11,7 +11,8 @@ from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.diagnostics.errors import UsageError
 from lucidrl.models import load_model
 from lucidrl.serving.server import make_server
-from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout
 from lucidrl.workers.rollout.server_engine import RolloutServerError, ServerRollout
 from lucidrl.workers.training.forward import response_log_probs
 
@@ -147,7 +148,7 @@ def test_wrong_model_is_404_and_server_errors_reach_the_rollout(served, kk_data,
         rollout.generate(_prompts(kk_data, tiny_tokenizer, k=1), SamplingParams(max_new_tokens=0))
     # a server started without --accept-weights refuses a push, saying how to allow it
     with pytest.raises(RolloutServerError, match=r"HTTP 403: .*--accept-weights"):
-        rollout.sync_weights(torch.nn.Linear(1, 1))
+        rollout.sync_from(torch.nn.Linear(1, 1))
 
 
 def test_a_loopback_server_is_reached_directly_not_through_http_proxy(served, tiny_tokenizer, monkeypatch):

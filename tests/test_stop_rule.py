@@ -15,7 +15,9 @@ from lucidrl.config.errors import ConfigError
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model
 from lucidrl.rewards.word_problems import STOP_AFTER_ANSWER
-from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams, batch_from_token_lists
+from lucidrl.workers.rollout.engine import SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout
+from lucidrl.workers.rollout.responses import batch_from_token_lists
 from lucidrl.workers.rollout.stop_rule import (
     STOPPED_FIELD,
     IncrementalText,

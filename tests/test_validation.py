@@ -10,7 +10,7 @@ import torch
 from lucidrl.batch import Batch
 from lucidrl.data.dataset import load_prompts
 from lucidrl.trainer.validation import validate
-from lucidrl.workers.rollout.hf_engine import SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
 
 
 class _Rollout:

@@ -13,7 +13,8 @@ import torch
 from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model, load_tokenizer
 from lucidrl.models.loading import ModelLoadError
-from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout
 from lucidrl.workers.rollout.weight_push import WeightSyncError, check_rollout_weights, rollout_weights
 from lucidrl.workers.training.forward import response_log_probs
 
@@ -78,7 +79,7 @@ def test_generation_after_a_push_equals_the_actors_greedy_and_log_probs(
     """Found in the first real run: `generate` called a None sampling class (TypeError), and with tied
     embeddings the pushed weights left vLLM's packed head stale (greedy tokens matched HF on 1.6%)."""
     actor = _moved(vllm_tiny_model["path"])
-    engine.sync_weights(actor)
+    engine.sync_from(actor)
     batch = _prompts(kk_data, tokenizer)
     greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=24)
     ours = engine.generate(batch, greedy)
@@ -107,12 +108,12 @@ def test_the_check_names_a_parameter_the_push_left_out(engine, vllm_tiny_model, 
     ):
         _check(actor, engine, tokenizer)
     # a norm left out of the push: vLLM keeps its old values for that layer
-    engine.sync_weights(actor)
+    engine.sync_from(actor)
     moved = _moved(vllm_tiny_model["path"], seed=2)
     engine.load_weights((n, t) for n, t in rollout_weights(moved) if n != "model.norm.weight")
     with pytest.raises(WeightSyncError, match=r"1 pushed parameter\(s\) differ .* model\.norm\.weight"):
         _check(moved, engine, tokenizer)
-    engine.sync_weights(moved)
+    engine.sync_from(moved)
     _check(moved, engine, tokenizer)
 
 
@@ -129,7 +130,7 @@ def test_lora_actor_pushes_merged_weights(engine, vllm_tiny_model, tokenizer, kk
     names = [n for n, _ in rollout_weights(actor)]
     assert not any("lora" in n or "base_layer" in n or n.startswith("base_model") for n in names)
     assert "model.layers.0.self_attn.q_proj.weight" in names and "lm_head.weight" in names
-    engine.sync_weights(actor)
+    engine.sync_from(actor)
     _check(actor, engine, tokenizer)
     batch = _prompts(kk_data, tokenizer, 2)
     greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=16)
@@ -141,7 +142,7 @@ def test_lora_actor_pushes_merged_weights(engine, vllm_tiny_model, tokenizer, kk
 
 
 def test_n_samples_with_seeds(engine, vllm_tiny_model, tokenizer, kk_data):
-    engine.sync_weights(load_model(vllm_tiny_model["path"]))
+    engine.sync_from(load_model(vllm_tiny_model["path"]))
     batch = _prompts(kk_data, tokenizer, 3)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=5)
     a, b = engine.generate(batch, params), engine.generate(batch, params)
@@ -159,7 +160,7 @@ def test_many_seeded_requests_at_once(engine, vllm_tiny_model, tokenizer, kk_dat
     0.32 a prompt prefilled in chunks made vLLM rewind its seeded CPU generator, which CPU generators
     refuse ("RuntimeError: CPU Generator does not use offset", found by benchmarks/rollout_engines.py
     at 16 prompts x 8): the CPU engine runs without chunked prefill."""
-    engine.sync_weights(load_model(vllm_tiny_model["path"]))
+    engine.sync_from(load_model(vllm_tiny_model["path"]))
     batch = _prompts(kk_data, tokenizer, 16)
     assert int(batch["prompt_mask"].sum()) * 8 > 8192  # beyond any one step's token budget
     out = engine.generate(batch, SamplingParams(n=8, temperature=1.0, max_new_tokens=4, seed=0))
@@ -171,7 +172,7 @@ def test_a_stop_rule_cuts_vllm_samples_where_the_rule_says(engine, vllm_tiny_mod
     as without it, up to each row's first match."""
     from lucidrl.workers.rollout.stop_rule import STOPPED_FIELD, StopRule
 
-    engine.sync_weights(_moved(vllm_tiny_model["path"]))
+    engine.sync_from(_moved(vllm_tiny_model["path"]))
     batch = _prompts(kk_data, tokenizer, 3)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24, seed=7)
     pattern = r"[A-Z][a-z]+ [a-z]+ "
@@ -199,7 +200,7 @@ def test_multi_turn_rollouts_run_over_the_real_engine(engine, vllm_tiny_model, t
     from lucidrl.config.schema import MultiTurnConfig
     from lucidrl.workers.rollout.agent import MultiTurnRollout
 
-    engine.sync_weights(load_model(vllm_tiny_model["path"]))
+    engine.sync_from(load_model(vllm_tiny_model["path"]))
     end = tokenizer.eos_token_id
     cfg = MultiTurnConfig(enable=True, tools=["calculator"], max_turns=2)
     mt = MultiTurnRollout(
@@ -245,7 +246,7 @@ def test_untied_head_is_pushed(untied_model, engine):
     actor = _moved(untied_model, seed=4)
     names = [n for n, _ in rollout_weights(actor)]
     assert names.count("lm_head.weight") == 1
-    second.sync_weights(actor)
+    second.sync_from(actor)
     _check(actor, second, tokenizer)
 
 

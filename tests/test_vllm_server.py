@@ -17,7 +17,8 @@ from lucidrl.data.dataset import collate, load_prompts
 from lucidrl.models import load_model, load_tokenizer
 from lucidrl.serving.vllm_launch import vllm_command
 from lucidrl.workers.common.distributed import pick_port
-from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout
 from lucidrl.workers.rollout.server_engine import RolloutServerError, ServerRollout
 from lucidrl.workers.rollout.weight_push import rollout_weights
 from lucidrl.workers.training.forward import response_log_probs

@@ -24,7 +24,8 @@ from lucidrl.protocol import (
     model_fingerprint,
     parse_completion_request,
 )
-from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout
 from lucidrl.workers.training.forward import response_log_probs
 
 DEFAULT_MAX_QUEUED = 8  # requests that may wait while one generates; more are answered 503 at once

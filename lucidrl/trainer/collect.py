@@ -14,7 +14,7 @@ from lucidrl.diagnostics.errors import UserError
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer import setup
 from lucidrl.trainer.metrics import groups_tied_at_best, score_groups, timer
-from lucidrl.workers.rollout.hf_engine import SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
 
 log = logging.getLogger(__name__)
 

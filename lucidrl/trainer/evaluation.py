@@ -23,7 +23,8 @@ from lucidrl.diagnostics.errors import UsageError
 from lucidrl.rewards.kk import people_count
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.rewards.registry import check_data_sources
-from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
+from lucidrl.workers.rollout.hf_engine import HFRollout
 from lucidrl.workers.rollout.stop_rule import STOPPED_FIELD
 
 MODES = ("greedy", "sampled")

@@ -28,7 +28,7 @@ from lucidrl.rewards.registry import check_data_sources
 from lucidrl.trainer import run_status
 from lucidrl.trainer.rewards import ModelRewardScorer
 from lucidrl.workers.policy import PolicyWorker
-from lucidrl.workers.rollout.hf_engine import SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
 
 log = logging.getLogger(__name__)
 

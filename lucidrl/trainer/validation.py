@@ -15,7 +15,7 @@ from lucidrl.rewards.kk import people_count
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.trainer.metrics import nanmean
 from lucidrl.workers.rollout.agent.trajectory import multi_turn_metrics
-from lucidrl.workers.rollout.hf_engine import SamplingParams
+from lucidrl.workers.rollout.engine import SamplingParams
 
 
 def validate(

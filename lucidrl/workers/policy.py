@@ -5,10 +5,10 @@ group). With several ranks the actor and critic train data-parallel (FSDP2 or DD
 the rollout generates from its own full copy of the actor's weights, refreshed after each update,
 so generation never depends on the other ranks (ranks finish sequences at different times).
 
-The rollout engine (`rollout.name`): `hf` generates with the actor's own module (one rank) or a full
-copy (several); `vllm` is a vLLM engine in this process; `server` is an HTTP server that takes
-weights. For the last two the actor's full parameters are pushed before the first generation and
-after every update (`sync_rollout`).
+The rollout engine (`rollout.name`) is used only through its contract (workers/rollout/engine.py):
+`hf` generates with the actor's own module (one rank) or a full copy (several); `vllm` is a vLLM
+engine in this process; `server` is an HTTP server that takes weights. Every engine gets the actor's
+weights through `sync_from`, before the first generation and after every update (`sync_rollout`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from lucidrl.models.saving import save_hf_folder
 from lucidrl.workers.common.dispatch import Dispatch, dispatch
 from lucidrl.workers.common.distributed import (
     DistInfo,
-    copy_full_parameters,
     full_state_dict,
     init_process_group,
     local_cuda_index,
@@ -45,8 +44,7 @@ from lucidrl.workers.common.distributed import (
 )
 from lucidrl.workers.common.model_support import enable_activation_checkpointing
 from lucidrl.workers.common.rng import process_rng_state
-from lucidrl.workers.rollout.hf_engine import HFRollout, SamplingParams, eos_token_ids
-from lucidrl.workers.rollout.weight_push import check_rollout_weights, rollout_weights
+from lucidrl.workers.rollout.engine import SamplingParams, engine_class
 from lucidrl.workers.training.actor import ActorWorker, ReferenceWorker
 from lucidrl.workers.training.critic import CriticWorker, load_value_model
 from lucidrl.workers.training.rank_metrics import RankMetrics
@@ -95,9 +93,10 @@ class PolicyWorker:
             check_tokenizer_matches_model(model, self.tokenizer, m.path)
             if cfg.actor.disable_dropout and (changed := disable_dropout(model)):  # the reference's too
                 log.info("%s", describe_dropout(changed, "actor.disable_dropout"))
-            # vLLM starts before the actor and the reference are on the GPU: it asks for
-            # gpu_memory_utilization of the card's memory and refuses to start when less is free
-            engine = self._make_rollout(model) if cfg.rollout.name == "vllm" else None
+            # an engine with weights of its own (vLLM) starts before the actor and the reference are on
+            # the GPU: it asks for gpu_memory_utilization of the card's memory and refuses less
+            engine_cls = engine_class(cfg.rollout.name)
+            engine = None if engine_cls.runs_actor_module else self._make_rollout(engine_cls, model)
             model.to(self.device)
             if "reference" in roles:
                 self.reference = self._reference(copy.deepcopy(model))
@@ -105,10 +104,11 @@ class PolicyWorker:
                 model = apply_lora(model, m)
             if m.enable_gradient_checkpointing is True:  # the update's forwards only (they need gradients)
                 enable_activation_checkpointing(model)
-            # with one rank the hf rollout generates with the actor's own module; with several it gets
-            # a full copy (FSDP2 shards the actor in place)
-            rollout_model = copy.deepcopy(model) if sharded and cfg.rollout.name == "hf" else model
-            self.rollout = engine or self._make_rollout(rollout_model)
+            # with one rank an engine that runs the actor's module generates with it; with several it
+            # gets a full copy (FSDP2 shards the actor in place)
+            self.rollout = engine or self._make_rollout(
+                engine_cls, copy.deepcopy(model) if sharded else model
+            )
             train_model = (
                 wrap_for_training(model, cfg.trainer.strategy, self.device, compute) if sharded else model
             )
@@ -125,8 +125,7 @@ class PolicyWorker:
                 sum_pi_squared="sum_pi_squared"
                 in signature(get_advantage_estimator(cfg.algorithm.adv_estimator)).parameters,
             )
-            if not isinstance(self.rollout, HFRollout):
-                self._push_rollout_weights()  # the engine must generate with the actor's weights
+            self.sync_rollout()  # every engine generates with the actor's weights from the first rollout on
             if cfg.rollout.multi_turn.enable:  # conversations over the engine, one call per turn
                 from lucidrl.workers.rollout.agent import MultiTurnRollout
 
@@ -135,7 +134,7 @@ class PolicyWorker:
                     self.rollout,
                     self.tokenizer,
                     cfg.rollout.multi_turn,
-                    eos_ids=getattr(self.rollout, "eos_ids", None) or eos_token_ids(model, self.tokenizer),
+                    eos_ids=self.rollout.eos_ids,
                     max_prompt_length=d.max_prompt_length,
                     max_response_length=d.max_response_length,
                     model_where=f"model.path={m.path!r}",
@@ -197,90 +196,15 @@ class PolicyWorker:
             world_size=self.world_size if shard else 1,
         )
 
-    def _make_rollout(self, model: torch.nn.Module):
-        r, m = self.cfg.rollout, self.cfg.model
-        if r.name == "hf":
-            return HFRollout(
-                model,
-                self.tokenizer,
-                micro_batch_size=r.micro_batch_size,
-                decode_loop=r.decode_loop,
-                compute_dtype=self.compute_dtype,
-            )
-        eos_ids = eos_token_ids(model, self.tokenizer)
-        if r.name == "server":
-            from lucidrl.workers.rollout.server_engine import ServerRollout
-
-            sv = r.server
-            engine = ServerRollout(
-                sv.base_url,
-                self.tokenizer,
-                host=sv.host,
-                port=sv.port,
-                timeout_s=sv.timeout_s,
-                eos_ids=eos_ids,
-                weights_dir=sv.weights_dir,
-            )
-            engine.check_accepts_weights(model.config)
-            return engine
-        if r.name == "vllm":
-            from lucidrl.workers.rollout.vllm_engine import VLLMRollout
-
-            v, d = r.vllm, self.cfg.data
-            return VLLMRollout(
-                m.path,
-                self.tokenizer,
-                tokenizer_path=m.tokenizer_path,
-                trust_remote_code=m.trust_remote_code,
-                eos_ids=eos_ids,
-                dtype=m.compute_dtype or m.dtype,  # vLLM casts float32 master weights to it
-                gpu_memory_utilization=v.gpu_memory_utilization,
-                max_model_len=v.max_model_len or d.max_prompt_length + d.max_response_length,
-                enable_sleep_mode=v.enable_sleep_mode,
-                enforce_eager=v.enforce_eager,
-                kv_cache_gib=v.kv_cache_gib,
-                seed=self.cfg.trainer.seed,
-                gpu=torch.device(self.device).index or 0,  # the actor's GPU (cuda:1 on the local backend)
-                rank=self.rank,
-                world_size=self.world_size,
-            )
-        raise ValueError(f"rollout.name={r.name!r} is not an engine: use hf, vllm or server")
-
-    def _push_rollout_weights(self) -> str:
-        """Hand the actor's full parameters to a vllm or server engine (a collective when sharded): plain
-        HF names, LoRA adapters merged, tied weights under each name (weight_push.rollout_weights)."""
-        actor = self._need("actor", self.actor)
-        if self.cfg.rollout.name == "vllm":
-            # each rank's engine takes the parameters one gathered tensor at a time: no rank holds a
-            # whole second copy of the weights next to its shard and the engine's. Gathered in the
-            # compute dtype the engine runs in (half the bytes with bf16)
-            gathered = rollout_weights(actor.model, self.compute_dtype)
-            try:
-                result = self.rollout.load_weights(gathered)
-            except BaseException:
-                for _ in gathered:  # the other ranks are still gathering: finish every all-gather, then fail
-                    pass
-                raise
-            if self.cfg.rollout.check_weight_sync or debug_enabled():
-                result += "; " + self._check_rollout_weights()
-            return result
-        # one server, one push (rank 0's): every rank takes part in the gathers
-        named = dict(rollout_weights(actor.model))
-        if self.rank != 0:
-            return "rank 0 pushes"
-        return self.rollout.load_weights(named)
-
-    def _check_rollout_weights(self) -> str:
-        m = self.cfg.model
-        return check_rollout_weights(
-            self._need("actor", self.actor).model,
-            self.rollout,
-            vocab_size=len(self.tokenizer),
-            compute_dtype=self.compute_dtype,
-            atol=self.cfg.rollout.weight_sync_atol
-            or (1e-3 if (m.compute_dtype or m.dtype) == "float32" else 0.1),
+    def _make_rollout(self, engine_cls, model: torch.nn.Module):
+        return engine_cls.from_config(
+            self.cfg,
+            model,
+            self.tokenizer,
+            device=self.device,
             rank=self.rank,
             world_size=self.world_size,
+            compute_dtype=self.compute_dtype,
         )
 
     def _need(self, role: str, what):
@@ -334,12 +258,7 @@ class PolicyWorker:
     def sync_rollout(self) -> str:
         """Give the rollout the actor's new weights (a collective gather when sharded)."""
         actor = self._need("actor", self.actor)
-        if not isinstance(self.rollout, HFRollout):
-            return self._push_rollout_weights()
-        if self.rollout.model is actor.model:
-            return "shared"
-        copy_full_parameters(self.rollout.model, actor.model)
-        return "gathered"
+        return self.rollout.sync_from(actor.model, rank=self.rank, world_size=self.world_size)
 
     @dispatch(Dispatch.ALL)
     def snapshot_actor(self) -> str:
@@ -437,11 +356,10 @@ class PolicyWorker:
         actor = self._need("actor", self.actor)
         state = full_state_dict(actor.model)
         if self.rank == 0:
-            if self.world_size == 1:
-                model = unwrap(actor.model)
-            elif isinstance(self.rollout, HFRollout):
-                model = self.rollout.model  # a full copy already on this rank
-            else:  # vllm/server engines keep no full module here: build one on the CPU to save
+            # one rank: the actor itself; several: the engine's full copy, or (an engine whose weights live
+            # elsewhere) one built on the CPU to save
+            model = unwrap(actor.model) if self.world_size == 1 else self.rollout.full_model()
+            if model is None:
                 m = self.cfg.model
                 model = load_model(m.path, dtype=DTYPES[m.dtype], trust_remote_code=m.trust_remote_code)
             if model is not unwrap(actor.model):

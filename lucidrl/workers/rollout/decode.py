@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache
@@ -128,15 +129,17 @@ def sample_group(
     top_k: int = -1,
     top_p: float = 1.0,
     stop: StopRule | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Responses (bs*n, R) and sampling log-probs (bs*n, R) for left-padded prompts (bs, P); rows interleaved.
 
     n > 1 decodes over each prompt's cache once (shared-prefix attention) when the model's attention
     goes through transformers' attention interface; otherwise, with a warning, each row gets a copy.
+    `should_stop` (the engine's abort) is asked after every token: True ends every row where it is.
     """
     kwargs = dict(
         n=n, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, do_sample=do_sample,
-        temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
+        temperature=temperature, top_k=top_k, top_p=top_p, stop=stop, should_stop=should_stop,
     )  # fmt: skip
     check_decode_loop_supported(model)
     if n > 1 and _can_share_prefix(model, prompts.shape[1] + max_new_tokens):
@@ -170,6 +173,7 @@ def _decode(
     top_k: int,
     top_p: float,
     stop: StopRule | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     bs = prompts.shape[0]
     device = prompts.device
@@ -235,7 +239,7 @@ def _decode(
                 if hit:
                     finished[i] = True
                     stop_at[row] = t + 1
-        if bool(finished.all()) or t == max_new_tokens - 1:
+        if bool(finished.all()) or t == max_new_tokens - 1 or (should_stop is not None and should_stop()):
             break
         # rows that ended stay in the batch until enough have ended to compact it; their further
         # tokens are overwritten with the pad id at the end

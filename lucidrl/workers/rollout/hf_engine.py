@@ -1,99 +1,23 @@
-"""Rollout engine over transformers' `generate`: n samples per prompt with their sampling log-probs."""
+"""The hf rollout engine: generates with the actor's module in this process (engine.py's contract)."""
 
 from __future__ import annotations
 
+import threading
 import zlib
-from dataclasses import dataclass
+from typing import Any
 
 import torch
-from transformers import GenerationConfig, StoppingCriteriaList
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from lucidrl.algos import logprobs_from_logits
 from lucidrl.batch import Batch
 from lucidrl.models.precision import compute_context
+from lucidrl.workers.common.distributed import copy_full_parameters, unwrap
 from lucidrl.workers.common.model_support import check_decode_loop_supported
 from lucidrl.workers.rollout.decode import sample_group
+from lucidrl.workers.rollout.engine import ABORTED_FIELD, SamplingParams, eos_token_ids
+from lucidrl.workers.rollout.responses import response_mask_from_ids
 from lucidrl.workers.rollout.stop_rule import STOPPED_FIELD, StopRule, StopRuleCriteria, stop_rule
-
-
-@dataclass
-class SamplingParams:
-    """How to sample: `do_sample=False` is greedy decoding (temperature, top_p, top_k unused)."""
-
-    n: int = 1
-    do_sample: bool = True
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1: off
-    max_new_tokens: int = 256
-    # set: each prompt's n samples are generated in their own call from an RNG seeded by (seed, uid),
-    # so the samples do not depend on batching or on how prompts are spread over data-parallel ranks
-    seed: int | None = None
-    # set: a response ends with the token after which its text first matches this regular expression
-    # (rollout.stop_regex; stop_rule.py), in every engine
-    stop_regex: str | None = None
-
-
-def response_mask_from_ids(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
-    """1 for every token up to and including the first eos of each row, 0 after it. (bs, R) → (bs, R)."""
-    is_eos = torch.isin(responses, torch.tensor(eos_ids, device=responses.device))
-    # tokens strictly after the first eos have a positive count of eos before them
-    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
-    return (eos_before == 0).long()
-
-
-def eos_token_ids(model: torch.nn.Module, tokenizer) -> list[int]:
-    """The ids that end a response: the generation config's eos ids plus the tokenizer's."""
-    gen = getattr(model, "generation_config", None)
-    eos = gen.eos_token_id if gen is not None else None
-    eos_ids = list(eos) if isinstance(eos, list) else ([eos] if eos is not None else [])
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
-        eos_ids.append(tokenizer.eos_token_id)
-    if not eos_ids:
-        raise ValueError(
-            "the tokenizer and the model's generation_config define no eos token; generation could not stop"
-        )
-    return eos_ids
-
-
-def batch_from_token_lists(
-    batch: Batch,
-    params: SamplingParams,
-    ids: list[list[int]],
-    logps: list[list[float]] | None,
-    pad_id: int,
-    eos_ids: list[int],
-    tokenizer=None,
-) -> Batch:
-    """Right-pad per-sample token ids (n per prompt, interleaved) into the rollout's output batch; with
-    `params.stop_regex`, cut by that rule (decoded with `tokenizer`)."""
-    expanded = batch.repeat(params.n, interleave=True) if params.n > 1 else batch
-    if len(ids) != len(expanded):
-        raise RuntimeError(f"{len(ids)} responses for {len(expanded)} prompt copies (prompts x n)")
-    device = batch["prompts"].device
-    width = max(1, max(len(x) for x in ids))
-    responses = torch.full((len(ids), width), pad_id, dtype=torch.long)
-    present = torch.zeros((len(ids), width), dtype=torch.long)
-    for i, row in enumerate(ids):
-        responses[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        present[i, : len(row)] = 1
-    mask = present * response_mask_from_ids(responses, eos_ids)
-    if params.stop_regex is not None and tokenizer is None:
-        raise ValueError("a stop rule (SamplingParams.stop_regex) needs the tokenizer to read the responses")
-    rule = stop_rule(params.stop_regex, tokenizer, eos_ids)
-    if rule is not None:
-        mask, stopped = rule.cut(responses, mask)
-        expanded.set(STOPPED_FIELD, stopped.to(device))
-    expanded.set("responses", responses.masked_fill(mask == 0, pad_id).to(device))
-    expanded.set("response_mask", mask.to(device))
-    if logps is not None:
-        lp = torch.zeros((len(ids), width), dtype=torch.float32)
-        for i, row in enumerate(logps):
-            lp[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
-        expanded.set("rollout_log_probs", (lp * mask).to(device))
-    expanded.meta["sampling"] = params
-    expanded.meta["pad_token_id"] = pad_id  # ranks' outputs of other widths are padded with it on merge
-    return expanded
 
 
 class HFRollout:
@@ -102,6 +26,10 @@ class HFRollout:
     `decode_loop="lucidrl"` (default) uses lucidrl's loop (each prompt prefilled once for its n
     samples, finished rows dropped: lucidrl.workers.rollout.decode); "transformers" calls `model.generate`.
     """
+
+    name = "hf"
+    runs_actor_module = True  # the actor's own module (one rank) or a full copy of it (several)
+    can_abort = True
 
     def __init__(
         self,
@@ -123,13 +51,46 @@ class HFRollout:
         self.micro_batch_size = micro_batch_size
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id
+        self._lock = threading.Lock()
+        self._running: threading.Event | None = None  # set by abort() while a generate runs
 
-    def sync_weights(self, model: torch.nn.Module) -> str:
-        """After an actor update: colocated in one process, the rollout already holds the same module."""
-        if model is not self.model:
-            self.model.load_state_dict(model.state_dict())
-            return "copied"
-        return "shared"
+    @classmethod
+    def from_config(
+        cls,
+        cfg: Any,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        device: str,
+        rank: int,
+        world_size: int,
+        compute_dtype: torch.dtype | None,
+    ) -> HFRollout:
+        r = cfg.rollout
+        return cls(
+            model,
+            tokenizer,
+            micro_batch_size=r.micro_batch_size,
+            decode_loop=r.decode_loop,
+            compute_dtype=compute_dtype,
+        )
+
+    def sync_from(self, actor: torch.nn.Module, *, rank: int = 0, world_size: int = 1) -> str:
+        """The actor's weights into this engine's module: nothing to do when it is the actor's own
+        module; a copy (one gathered tensor at a time: a collective when the actor is sharded) otherwise."""
+        if unwrap(actor) is self.model:
+            return "shared"
+        copy_full_parameters(self.model, actor)
+        return "gathered" if world_size > 1 else "copied"
+
+    def full_model(self) -> torch.nn.Module:
+        return self.model
+
+    def abort(self) -> None:
+        """Stop the generation running in another thread at its next token (no-op when none runs)."""
+        with self._lock:
+            if self._running is not None:
+                self._running.set()
 
     @torch.no_grad()
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
@@ -140,24 +101,52 @@ class HFRollout:
         was_training = self.model.training
         self.model.eval()
         rule = stop_rule(params.stop_regex, self.tokenizer, self.eos_ids)
-        outs, logps = [], []
+        outs, logps, cut = [], [], []  # cut: per row, still open when abort() ended its chunk
+        eos = torch.tensor(self.eos_ids, device=batch["prompts"].device)
+        aborted = threading.Event()
+        with self._lock:
+            self._running = aborted
         try:
             for chunk in batch.split(prompts_per_call):
+                rows = len(chunk) * params.n
+                if aborted.is_set():  # prompts not begun: empty responses, all marked aborted
+                    outs.append(
+                        torch.full((rows, 0), self.pad_id, dtype=torch.long, device=chunk["prompts"].device)
+                    )
+                    logps.append(torch.zeros((rows, 0), device=chunk["prompts"].device))
+                    cut.append(torch.ones(rows, dtype=torch.bool, device=eos.device))
+                    continue
                 if per_prompt:
                     chunk = _strip_left_padding(chunk)
                     torch.manual_seed(params.seed + zlib.crc32(str(chunk["uid"][0]).encode()))
                 with compute_context(self.model, self.compute_dtype, gqa=False):  # decode.py: prefill only
-                    resp, lp = self._decode(chunk["prompts"], chunk["prompt_mask"], params, rule)
+                    resp, lp = self._decode(chunk["prompts"], chunk["prompt_mask"], params, rule, aborted)
                 outs.append(resp)
                 logps.append(lp)
+                early = aborted.is_set() and resp.shape[1] < params.max_new_tokens
+                cut.append(
+                    ~torch.isin(resp, eos).any(-1)
+                    if early
+                    else torch.zeros_like(resp[:, 0], dtype=torch.bool)
+                )
         finally:
+            with self._lock:
+                self._running = None
             self.model.train(was_training)
-        width = max(o.shape[1] for o in outs)
+        width = max(1, max(o.shape[1] for o in outs))
         responses = torch.cat([_pad_right(o, width, self.pad_id) for o in outs])
+        # no row has tokens past its chunk's width (a pad id that is also an eos id must not count)
+        made = torch.cat([torch.full((o.shape[0],), o.shape[1], device=responses.device) for o in outs])
         mask = response_mask_from_ids(responses, self.eos_ids)
+        mask = mask * (torch.arange(width, device=responses.device)[None, :] < made[:, None])
         if rule is not None:  # the loops stopped such rows; the cut drops what generate padded them with
             mask, stopped = rule.cut(responses, mask)
             expanded.set(STOPPED_FIELD, stopped)
+        cut_rows = torch.cat(cut)
+        if cut_rows.any():  # rows abort() cut short (a stop-rule match ended a row too)
+            if rule is not None:
+                cut_rows &= ~expanded[STOPPED_FIELD].bool()
+            expanded.set(ABORTED_FIELD, cut_rows)
         responses = responses.masked_fill(mask == 0, self.pad_id)
         expanded.set("responses", responses)
         expanded.set("response_mask", mask)
@@ -171,7 +160,12 @@ class HFRollout:
         return expanded
 
     def _decode(
-        self, prompts: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams, rule: StopRule | None
+        self,
+        prompts: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        params: SamplingParams,
+        rule: StopRule | None,
+        aborted: threading.Event,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """n samples per prompt, interleaved: (bs*n, R) token ids and sampling log-probs."""
         if self.decode_loop == "lucidrl":
@@ -188,6 +182,7 @@ class HFRollout:
                 top_k=params.top_k,
                 top_p=params.top_p,
                 stop=rule,
+                should_stop=aborted.is_set,
             )
         gen_cfg = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
@@ -215,7 +210,8 @@ class HFRollout:
                 attention_mask=prompt_mask,
                 generation_config=gen_cfg,
                 stopping_criteria=StoppingCriteriaList(
-                    [StopRuleCriteria(rule, prompts.shape[1])] if rule is not None else []
+                    [_Aborted(aborted)]
+                    + ([StopRuleCriteria(rule, prompts.shape[1])] if rule is not None else [])
                 ),
             )
         finally:
@@ -225,6 +221,18 @@ class HFRollout:
             return resp, torch.zeros(resp.shape, dtype=torch.float32)
         logits = torch.stack(out.logits, dim=1).float() / params.temperature
         return resp, logprobs_from_logits(logits, resp)
+
+
+class _Aborted(StoppingCriteria):
+    """transformers' generate ends every row once abort() was called."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        return torch.full(
+            (input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device
+        )
 
 
 def _strip_left_padding(chunk: Batch) -> Batch:

