@@ -289,7 +289,7 @@ def test_a_key_given_twice_in_a_file_is_an_error_naming_both_lines(tmp_path):
 
 
 def test_sft_refuses_lora_keys_it_would_not_read_and_a_config_path_may_hold_an_equals_sign(tmp_path):
-    from lucidrl.cli import _split_config_args
+    from lucidrl.cli.common import split_config_args as _split_config_args
     from lucidrl.config.schema import SFTConfig
 
     with pytest.raises(

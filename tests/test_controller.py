@@ -270,7 +270,9 @@ def test_a_user_error_in_a_worker_is_a_user_error_there_too(probe_group, monkeyp
     def run(args):
         probe_group.fail("user")
 
-    monkeypatch.setattr(cli, "_cmd_version", run)
+    from lucidrl.cli import version
+
+    monkeypatch.setattr(version, "run", run)
     assert cli.main(["version"]) == 2
     assert capsys.readouterr().err.startswith("error (ProbeInputError): probe.value=-1 must be positive;")
 

@@ -519,12 +519,12 @@ def test_sigterm_while_a_run_is_set_up_stops_it_with_a_word_and_143(capsys):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    import lucidrl.cli as cli
+    import lucidrl.cli.version as version
 
-    real = cli._cmd_version
+    real = version.run
     try:
-        cli._cmd_version = interrupted  # Ctrl-C outside training: no traceback, exit 130
+        version.run = interrupted  # Ctrl-C outside training: no traceback, exit 130
         assert main(["version"]) == 130
     finally:
-        cli._cmd_version = real
+        version.run = real
     assert capsys.readouterr().err == "lucidrl: interrupted (Ctrl-C)\n"
