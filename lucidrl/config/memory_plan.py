@@ -1,18 +1,11 @@
 """The memory plan: each phase's peak estimated from the model's config.json, dtypes, batch and lengths
-before anything loads, `auto` settings chosen to fit, and fixed ones that cannot fit refused.
+before anything loads (memory_choices.py chooses the `auto` settings from these estimates).
 
 A run's memory is mostly arithmetic on numbers the config already holds: the weights, gradients and
 AdamW moments scale with the parameter count; the update keeps activations per layer and token for its
 backward (one hidden state per layer and token under activation checkpointing); the log-prob passes
 and the update form (tokens, vocabulary) logits unless the LM head runs in chunks; the rollout holds a
-key-value cache per layer and token. What the plan decides when its key is `auto`:
-
-- `actor.head_chunk_tokens`: the chunked LM head wherever the vocabulary is large enough for the logits
-  to matter (benchmarks/head_chunks.py measured it no slower there), on one rank;
-- `actor.ppo_micro_batch_size` / `actor.log_prob_micro_batch_size`: the largest divisor of the
-  mini-batch's samples within a token target, smaller where the phase would not fit;
-- `model.enable_gradient_checkpointing`: on only where no micro-batch of at least MIN_UPDATE_TOKENS
-  fits without it.
+key-value cache per layer and token.
 
 Estimates are checked against measured peaks (tests/test_memory_plan.py, benchmarks/scale_ladder.py);
 docs/memory.md says what each term is and what the plan does not know.
@@ -24,8 +17,6 @@ import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
-
-from lucidrl.config.errors import ConfigError
 
 GIB = 1024**3
 
@@ -156,17 +147,15 @@ class MemoryPlan:
         """The plan in words: one line per phase with its biggest parts, then the choices."""
         out = []
         for p in self.phases:
-            parts = ", ".join(
-                f"{k} {_gib(v)}" for k, v in sorted(p.parts.items(), key=lambda kv: -kv[1]) if v
-            )
-            out.append(f"{p.name}: {_gib(p.total)} ({parts})")
-        room = "unknown" if self.available is None else f"{_gib(self.budget)} of {_gib(self.available)}"
-        out.append(f"peak {_gib(self.peak.total)} in {self.peak.name}; usable {room} ({self.where})")
+            parts = ", ".join(f"{k} {gib(v)}" for k, v in sorted(p.parts.items(), key=lambda kv: -kv[1]) if v)
+            out.append(f"{p.name}: {gib(p.total)} ({parts})")
+        room = "unknown" if self.available is None else f"{gib(self.budget)} of {gib(self.available)}"
+        out.append(f"peak {gib(self.peak.total)} in {self.peak.name}; usable {room} ({self.where})")
         out += [f"{k}={_value(v)}: {why}" for k, (v, why) in self.choices.items()]
         return out
 
 
-def _gib(n: int | None) -> str:
+def gib(n: int | None) -> str:
     return "?" if n is None else f"{n / GIB:.2f} GiB"
 
 
@@ -200,7 +189,7 @@ def available_memory(device: str, budget_gib: float | None = None) -> tuple[int 
 
 
 @dataclass(frozen=True)
-class _Run:
+class RunNumbers:
     """The numbers of one run that the estimate reads."""
 
     shape: ModelShape
@@ -220,7 +209,7 @@ class _Run:
     share_prompt: bool  # actor.share_prompt_forward with n > 1
 
 
-def _update_bytes(r: _Run, rows: int, checkpointing: bool, chunk: int) -> dict[str, int]:
+def update_bytes(r: RunNumbers, rows: int, checkpointing: bool, chunk: int) -> dict[str, int]:
     """The update phase's peak: state plus one micro-batch's forward and backward."""
     s = r.shape
     if r.share_prompt and not checkpointing:  # each prompt runs once for its group's samples
@@ -242,7 +231,7 @@ def _update_bytes(r: _Run, rows: int, checkpointing: bool, chunk: int) -> dict[s
     return _finish(r, parts)
 
 
-def _state(r: _Run, shard: int = 1) -> dict[str, int]:
+def _state(r: RunNumbers, shard: int = 1) -> dict[str, int]:
     """What every phase holds: the weights, the float32 gradients and AdamW moments of the trained
     parameters (kept between updates), a reference copy with a KL term; FSDP2's share of them in the
     update (the log-prob passes and the rollout are counted whole)."""
@@ -258,7 +247,7 @@ def _state(r: _Run, shard: int = 1) -> dict[str, int]:
     return parts
 
 
-def _finish(r: _Run, parts: dict[str, int]) -> dict[str, int]:
+def _finish(r: RunNumbers, parts: dict[str, int]) -> dict[str, int]:
     """A phase's parts plus the allocator's slack on them and, on the CPU, the process itself."""
     parts["allocator slack"] = int(ALLOCATOR_SLACK * sum(parts.values()))
     if r.cpu:
@@ -266,7 +255,7 @@ def _finish(r: _Run, parts: dict[str, int]) -> dict[str, int]:
     return parts
 
 
-def _layer_bytes_per_token(r: _Run) -> int:
+def _layer_bytes_per_token(r: RunNumbers) -> int:
     """Bytes one decoder layer's training forward keeps per token for its backward.
 
     What autograd saves in a Llama/Qwen2 layer: the two RMSNorms' float32 inputs and outputs, the linear
@@ -286,7 +275,7 @@ def _layer_bytes_per_token(r: _Run) -> int:
     return int(LAYER_CALIBRATION * layer)
 
 
-def _logit_bytes(r: _Run, tokens: int, chunk: int) -> int:
+def _logit_bytes(r: RunNumbers, tokens: int, chunk: int) -> int:
     """The LM head's logits for `tokens` response tokens at once, or `chunk` of them at a time: the
     head's output (bfloat16 under bf16 compute) and two float32 tensors of the vocabulary's size, the
     log-softmax and its input (in the update the fused head forms the gradient in the first's place)."""
@@ -294,7 +283,7 @@ def _logit_bytes(r: _Run, tokens: int, chunk: int) -> int:
     return per_token * (min(tokens, chunk) if chunk else tokens)
 
 
-def _log_prob_bytes(r: _Run, rows: int, chunk: int) -> dict[str, int]:
+def log_prob_bytes(r: RunNumbers, rows: int, chunk: int) -> dict[str, int]:
     """A no-grad log-prob pass: the weights, one layer's transients for a micro-batch, the logits."""
     s, tokens = r.shape, rows * (r.prompt + r.response)
     c = 2 if r.bf16_compute else 4
@@ -304,7 +293,7 @@ def _log_prob_bytes(r: _Run, rows: int, chunk: int) -> dict[str, int]:
     return _finish(r, parts)
 
 
-def _rollout_bytes(r: _Run, rows: int) -> dict[str, int]:
+def rollout_bytes(r: RunNumbers, rows: int) -> dict[str, int]:
     """hf generation of `rows` rows: the key-value cache of prompt and response, the prefill's
     transients, the sampling's float32 logits."""
     s = r.shape
@@ -314,192 +303,3 @@ def _rollout_bytes(r: _Run, rows: int) -> dict[str, int]:
     parts = _state(r)
     parts.update({"kv cache": kv, "prefill": prefill, "logits": rows * s.vocab * 4 * 3})
     return _finish(r, parts)
-
-
-def _divisors_desc(n: int, at_most: int) -> list[int]:
-    return [d for d in range(min(n, max(at_most, 1)), 0, -1) if n % d == 0]
-
-
-def _run_numbers(cfg: Any, shape: ModelShape) -> _Run:
-    from lucidrl.config.placement import plan_groups
-
-    world = max((p.world_size for p in plan_groups(cfg) if "actor" in p.roles), default=1)
-    d, a, r, m = cfg.data, cfg.actor, cfg.rollout, cfg.model
-    reference = bool(a.use_kl_loss or cfg.algorithm.use_kl_in_reward)
-    val_rows = (d.val_batch_size or 64) * cfg.rollout.val_kwargs.n if d.val_files else 0
-    return _Run(
-        shape=shape,
-        cpu=not str(cfg.trainer.device).startswith("cuda"),
-        weight_bytes=2 if m.dtype == "bfloat16" else 4,
-        bf16_compute=m.compute_dtype == "bfloat16" and m.dtype == "float32",
-        lora_rank=m.lora_rank,
-        reference=reference,
-        prompt=d.max_prompt_length,
-        response=d.max_response_length,
-        mini_samples=max(a.ppo_mini_batch_size * r.n // world, 1),
-        rollout_rows=min(r.micro_batch_size, d.train_batch_size * r.n),
-        val_rows=min(r.micro_batch_size, val_rows),
-        world_size=world,
-        eager_attention=m.attn_implementation == "eager",
-        n=r.n,
-        share_prompt=a.share_prompt_forward and r.n > 1,
-    )
-
-
-def plan_memory(cfg: Any, shape: ModelShape | None = None) -> MemoryPlan | None:
-    """The memory plan of an RL config (config.schema.LucidConfig), its auto keys resolved in place; None
-    when the model's config.json cannot be read (the auto keys then take their plain defaults).
-
-    Raises ConfigError when settings the user fixed need more memory than the machine has, naming the
-    phase, the numbers and the keys that would make it fit."""
-    shape = shape or ModelShape.from_path(cfg.model.path)
-    if shape is None:
-        _plain_defaults(cfg)
-        return None
-    run = _run_numbers(cfg, shape)
-    available, where = available_memory(str(cfg.trainer.device), cfg.trainer.memory_budget_gib)
-    v = cfg.rollout.vllm
-    if available and not run.cpu and cfg.rollout.name == "vllm" and not v.enable_sleep_mode:
-        # a colocated vLLM engine keeps its share of the GPU through the update
-        available = int(available * (1 - v.gpu_memory_utilization))
-        where += f", less rollout.vllm.gpu_memory_utilization={v.gpu_memory_utilization}"
-    plan = MemoryPlan(device=str(cfg.trainer.device), available=available, where=where)
-    budget = plan.budget
-    a, m = cfg.actor, cfg.model
-    width = run.prompt + run.response
-    target = UPDATE_TOKENS["cpu" if run.cpu else "cuda"]
-
-    # the LM head: chunks where the vocabulary is large, on one rank and without logit transforms
-    if a.head_chunk_tokens == "auto":
-        if run.world_size > 1 or shape.logit_transform or shape.vocab < CHUNK_FROM_VOCAB:
-            why = (
-                "several ranks" if run.world_size > 1
-                else "the model's logits are not just its LM head's" if shape.logit_transform
-                else f"a vocabulary of {shape.vocab} (< {CHUNK_FROM_VOCAB}): its logits are small"
-            )  # fmt: skip
-            a.head_chunk_tokens = 0
-        else:
-            chunk = AUTO_CHUNK_TOKENS
-            while chunk > 64 and chunk * shape.vocab > CHUNK_ENTRIES:
-                chunk //= 2
-            a.head_chunk_tokens = chunk
-            why = f"a vocabulary of {shape.vocab}: no (tokens, vocabulary) logits, {chunk} tokens at a time"
-        plan.choices["actor.head_chunk_tokens"] = (a.head_chunk_tokens, why)
-    chunk = a.head_chunk_tokens
-
-    # the update: micro-batch and checkpointing
-    fits = (lambda n: True) if budget is None else (lambda n: n <= budget)  # noqa: E731
-    mb_auto, ckpt_auto = a.ppo_micro_batch_size == "auto", m.enable_gradient_checkpointing == "auto"
-    if a.use_dynamic_bsz:  # verl's token budget decides the micro-batches
-        rows_options = [max(a.ppo_max_token_len_per_gpu // width, 1)]
-    elif mb_auto:
-        rows_options = _divisors_desc(run.mini_samples, max(target // width, 1))
-    else:
-        rows_options = [a.ppo_micro_batch_size]
-    ckpt_options = [False, True] if ckpt_auto else [m.enable_gradient_checkpointing]
-    chosen = None
-    for ckpt in ckpt_options:  # without checkpointing, down to MIN_UPDATE_TOKENS; then with it
-        for rows in rows_options:
-            small = rows * width < MIN_UPDATE_TOKENS and rows != rows_options[0]
-            if ckpt is False and ckpt_auto and small:
-                break
-            if fits(sum(_update_bytes(run, rows, ckpt, chunk).values())):
-                chosen = (rows, ckpt)
-                break
-        if chosen:
-            break
-    if chosen is None and ckpt_auto and mb_auto:  # below MIN_UPDATE_TOKENS without checkpointing
-        for rows in rows_options:
-            if fits(sum(_update_bytes(run, rows, True, chunk).values())):
-                chosen = (rows, True)
-                break
-    if chosen is None:
-        rows, ckpt = rows_options[-1], ckpt_options[-1]
-        need = _update_bytes(run, rows, ckpt, chunk)
-        raise ConfigError(_refusal("the update", need, plan, cfg, run))
-    rows, ckpt = chosen
-    if mb_auto and not a.use_dynamic_bsz:
-        a.ppo_micro_batch_size = rows
-        plan.choices["actor.ppo_micro_batch_size"] = (
-            rows, f"{rows} samples of up to {width} tokens: the largest divisor of the mini-batch's "
-            f"{run.mini_samples} samples within {target} tokens that fits",
-        )  # fmt: skip
-    elif a.ppo_micro_batch_size == "auto":
-        a.ppo_micro_batch_size = 8  # unused with use_dynamic_bsz
-    if ckpt_auto:
-        m.enable_gradient_checkpointing = ckpt
-        plan.choices["model.enable_gradient_checkpointing"] = (
-            ckpt, "needed to fit the update" if ckpt else "the update fits without it",
-        )  # fmt: skip
-    plan.phases.append(Phase(f"update ({rows} x {width} tokens)", _update_bytes(run, rows, ckpt, chunk)))
-
-    # the log-prob passes
-    if a.log_prob_micro_batch_size == "auto":
-        options = _divisors_desc(run.mini_samples, max(2 * target // width, 1)) or [1]
-        lp_rows = next(
-            (n for n in options if fits(sum(_log_prob_bytes(run, n, chunk).values()))), options[-1]
-        )
-        a.log_prob_micro_batch_size = lp_rows
-        plan.choices["actor.log_prob_micro_batch_size"] = (
-            lp_rows, f"the largest divisor of {run.mini_samples} samples within {2 * target} tokens that fits",
-        )  # fmt: skip
-    lp_rows = a.log_prob_max_token_len_per_gpu // width if a.use_dynamic_bsz else a.log_prob_micro_batch_size
-    plan.phases.append(
-        Phase(f"log-prob pass ({lp_rows} x {width} tokens)", _log_prob_bytes(run, lp_rows, chunk))
-    )
-
-    # generation (hf: lucidrl's or transformers' loop; vLLM and servers hold their own memory)
-    if cfg.rollout.name == "hf":
-        rows = max(run.rollout_rows, run.val_rows)
-        plan.phases.append(Phase(f"rollout ({rows} rows x {width} tokens)", _rollout_bytes(run, rows)))
-    for phase in plan.phases:
-        if budget is not None and phase.total > budget:
-            raise ConfigError(_refusal(phase.name.split(" (")[0], phase.parts, plan, cfg, run))
-    return plan
-
-
-def _plain_defaults(cfg: Any) -> None:
-    """The auto keys' values when there is no plan (no readable config.json)."""
-    cfg.actor = plain_actor(cfg.actor, cfg.actor.ppo_mini_batch_size * cfg.rollout.n)
-    if cfg.model.enable_gradient_checkpointing == "auto":
-        cfg.model.enable_gradient_checkpointing = False
-
-
-def plain_actor(actor: Any, mini_samples: int = 8) -> Any:
-    """An ActorConfig with any auto key that no plan resolved (a config built in code, or a model
-    without a readable config.json) at its plain value: whole-head logits, micro-batches of 8 samples
-    (at most the mini-batch's) and 16 for the log-prob passes."""
-    from dataclasses import replace
-
-    changes: dict[str, int] = {}
-    if actor.head_chunk_tokens == "auto":
-        changes["head_chunk_tokens"] = 0
-    if actor.ppo_micro_batch_size == "auto":
-        changes["ppo_micro_batch_size"] = min(8, max(mini_samples, 1))
-    if actor.log_prob_micro_batch_size == "auto":
-        changes["log_prob_micro_batch_size"] = 16
-    return replace(actor, **changes) if changes else actor
-
-
-def _refusal(phase: str, parts: dict[str, int], plan: MemoryPlan, cfg: Any, run: _Run) -> str:
-    biggest = ", ".join(f"{k} {_gib(v)}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v)
-    fixes = []
-    if (
-        isinstance(cfg.actor.ppo_micro_batch_size, int)
-        and cfg.actor.ppo_micro_batch_size > 1
-        and phase == "the update"
-    ):
-        fixes.append("actor.ppo_micro_batch_size=auto (or smaller)")
-    if cfg.model.enable_gradient_checkpointing is False:
-        fixes.append("model.enable_gradient_checkpointing=auto")
-    if not cfg.model.lora_rank:
-        fixes.append("model.lora_rank=16 (LoRA: no full gradients or optimizer state)")
-    if cfg.rollout.micro_batch_size > 1 and phase == "rollout":
-        fixes.append("a smaller rollout.micro_batch_size")
-    fixes.append("shorter data.max_prompt_length / data.max_response_length")
-    return (
-        f"memory plan: {phase} needs about {_gib(sum(parts.values()))} ({biggest}), but {_gib(plan.budget)} "
-        f"are usable here ({USABLE_SHARE:.0%} of {_gib(plan.available)}, {plan.where}); to fit, try "
-        + "; ".join(fixes)
-        + ". `lucidrl doctor CONFIG` prints the whole plan (docs/memory.md)"
-    )

@@ -9,7 +9,7 @@ import torch
 from lucidrl.algos import agg_loss, get_policy_loss, kl_penalty
 from lucidrl.algos.aggregation import norm_width, pad_response_width
 from lucidrl.batch import Batch, loss_mask
-from lucidrl.config.memory_plan import plain_actor
+from lucidrl.config.memory_choices import plain_actor
 from lucidrl.config.schema import ActorConfig, RolloutCorrectionConfig
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.training.forward import check_chunkable_head, check_prompt_sharable, response_log_probs
