@@ -196,6 +196,7 @@ def _fit_with_entropies(
     Returns (trainer, actor, weights measured per step, console lines)."""
     from types import SimpleNamespace
 
+    from lucidrl.trainer.pipeline import Supply
     from lucidrl.trainer.ppo import PPOTrainer
 
     printed: list[str] = []
@@ -218,6 +219,7 @@ def _fit_with_entropies(
     trainer.global_step, trainer.total_steps = 0, total_steps
     trainer.resumed_from, trainer.run_dir, trainer.on_step = None, tmp_path, None
     trainer.validate = lambda: {}
+    trainer.supply = Supply(collect=None, cursor=dict, max_staleness=0)  # step() below makes no batches
     measured = []
 
     def step():

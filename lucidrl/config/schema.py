@@ -253,6 +253,18 @@ class RolloutConfig:
     # samples whatever the batching or the number of data-parallel ranks (slower: smaller generate calls);
     # with rollout.name=vllm each request is seeded, but vLLM's numerics still depend on the batch
     deterministic: bool = False
+    # sync: generate, score, train, one phase at a time. one_step_off: the next step's batch is generated
+    # while this one trains (max_staleness 1, verl's one-step-off); async: batches generated up to
+    # max_staleness policy versions ahead. Each sample carries the policy version of its tokens
+    # (docs/async.md); the hf engine on trainer.backend=local generates in a thread of the trainer
+    mode: Literal["sync", "one_step_off", "async"] = "sync"
+    # the most updates a sample's policy may lag the one it trains (0 is sync); null: 0 for sync, 1 for
+    # one_step_off and async
+    max_staleness: Annotated[int, Range(">= 0", "policy versions")] | None = None
+    # with max_staleness > 0 and no algorithm.rollout_correction chosen: token importance weights between
+    # the engine's and the recomputed old log-probs, truncated at 2 (decoupled PPO), so a stale sample's
+    # gradient is corrected toward the current policy; false: trust the recomputed old policy alone
+    staleness_correction: bool = True
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     server: ServerRolloutConfig = field(default_factory=ServerRolloutConfig)
     vllm: VLLMRolloutConfig = field(default_factory=VLLMRolloutConfig)

@@ -80,6 +80,9 @@ def validate(cfg: Any) -> None:
             # resolved here, once: the run header, the saved config and a resume all see the engine
             cfg.rollout.name = choose_rollout_engine(cfg)
         from lucidrl.config.memory_choices import plan_memory
+        from lucidrl.config.rollout_modes import resolve_rollout_mode
+
+        resolve_rollout_mode(cfg)  # before the correction checks below read algorithm.rollout_correction
 
         # the auto keys resolved here, once, as the engine is: the header, the saved config and a resume
         # see the numbers; settings that cannot fit are refused before anything loads

@@ -14,6 +14,7 @@ from lucidrl.algos import make_kl_controller
 from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig, to_dict
 from lucidrl.config.algorithm_checks import rollout_correction_active
+from lucidrl.config.schema import TrainerConfig
 from lucidrl.controller.dispatch import mini_batch_order
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
@@ -31,6 +32,7 @@ from lucidrl.trainer.collect import BatchCollector
 from lucidrl.trainer.config_warnings import config_warnings
 from lucidrl.trainer.interrupt import RunInterrupted, StopSignals, how_to_continue, stopped_message
 from lucidrl.trainer.metrics import step_metrics, timer, timing_metrics
+from lucidrl.trainer.pipeline import Supply, staleness_metrics
 from lucidrl.trainer.reward_progress import show_scoring_progress
 from lucidrl.trainer.rewards import leave_out_failed
 from lucidrl.trainer.save_failure import removed_on_failure
@@ -91,12 +93,18 @@ class PPOTrainer:
                 # these read the old log-probs before the update: the pass must run
                 and not rollout_correction_active(cfg)
                 and not estimator_needs(cfg, "old_log_probs")
+                # samples made by an older policy (rollout.mode one_step_off/async): the pass measures the
+                # policy being trained
+                and cfg.rollout.max_staleness == 0
             )
             # algorithm.rollout_correction.bypass_mode: the engine's log-probs are the old ones, no pass
             self.bypass = cfg.algorithm.rollout_correction.bypass_mode
             self.global_step = 0
             self.batches_drawn = 0  # batches taken from the loader's epochs so far (a resume skips them)
             self.data_epoch = 0  # the epoch of the data the last prompt batch came from
+            # batches made now (sync) or ahead in a thread (one_step_off, async; trainer/pipeline.py)
+            self.supply = Supply(self.collector.collect, self._cursor, cfg.rollout.max_staleness)
+            self.trained_cursor = self._cursor()  # where the data stood after the last batch trained
             # keeps the last healthy weights, restores them on a collapse, reports (trainer/collapse_guard.py)
             self.guard = CollapseGuard(
                 cfg.trainer.collapse,
@@ -196,7 +204,13 @@ class PPOTrainer:
         """One RL step, in DESIGN.md's order; returns its metrics."""
         cfg, w, t = self.cfg, self.workers, {}
         with timer("step", t):
-            batch, metrics = self.collector.collect(t)  # rollout.generate + rewards.score (+ DAPO filter)
+            # rollout.generate + rewards.score (+ DAPO filter): now, or made ahead while earlier steps trained
+            made, waited, ready = self.supply.take(self.global_step)
+            batch, metrics = made.batch, dict(made.metrics)
+            t.update(made.timings)
+            self.trained_cursor = made.cursor
+            if cfg.rollout.max_staleness > 0:
+                metrics.update(staleness_metrics(batch, self.global_step, made, waited, ready))
             if cfg.reward.on_error == "mask":
                 batch = leave_out_failed(batch)  # no gradient from a sample whose reward failed
             debug_hop("rollout + reward -> trainer", batch)
@@ -238,11 +252,14 @@ class PPOTrainer:
                     ordered = self._by_mini_batch(batch, cfg.actor_mini_batch_samples, w.actor)
                     metrics.update(w.actor.update_actor(ordered))
                 with timer("sync_weights", t):
-                    w.actor.sync_rollout()
+                    w.actor.sync_rollout(version=self.global_step)
+                self.supply.synced(self.global_step)
         # in bypass mode the old log-probs are the engine's: no actor pass to compare them with
         metrics.update(step_metrics(batch, cfg.data.max_response_length, compare_rollout=not self.bypass))
         metrics.update(timing_metrics(t, batch))
-        metrics["training/epoch"] = float(self.data_epoch)  # of the last prompt batch drawn, from 0
+        metrics["training/epoch"] = float(
+            made.cursor["data_epoch"]
+        )  # of the last prompt batch trained, from 0
         return metrics
 
     def _by_mini_batch(self, batch: Batch, samples: int, group) -> Batch:
@@ -284,38 +301,52 @@ class PPOTrainer:
                     self.on_step(0, before)
             self.guard.start(self.global_step)
             start = time.perf_counter()
-            while self.global_step < self.total_steps:
-                self.global_step += 1
-                self.guard.before_step(self.global_step)
-                metrics = self.step()
-                out_of_time = cfg.max_time_s is not None and time.perf_counter() - start >= cfg.max_time_s
-                ending = out_of_time or self.global_step == self.total_steps
-                verdict = self.guard.after_step(self.global_step, metrics, ending)
-                last = ending or verdict.stop
-                stopping = signals.requested is not None and not last  # the last step finishes the run
-                # test_freq -1 (verl's default): never, not even after the last step
-                validates = (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0) or (
-                    last and cfg.test_freq >= 0
-                )
-                if validates and not stopping:
-                    metrics.update(self.validate())
-                self.tracker.log(metrics, step=self.global_step)
-                if self.on_step is not None:
-                    self.on_step(self.global_step, metrics)
-                saves = cfg.save_freq > 0 and (self.global_step % cfg.save_freq == 0 or last)  # -1: never
-                if saves or (stopping and cfg.save_on_interrupt):
-                    self._save_or_say_why_not(verdict.collapsed)
-                if stopping:
-                    self._stop(signals.requested)
-                if out_of_time:
-                    self._say(
-                        f"stopped at step {self.global_step}: trainer.max_time_s={cfg.max_time_s} reached"
-                    )
-                if last:
-                    break
+            self.supply.first_step, self.supply.last_step = self.global_step + 1, self.total_steps
+            self.supply.start(self.global_step)
+            try:
+                self._steps(cfg, signals, start)
+            finally:
+                self.supply.close()  # a generation under way ends first
             if cfg.save_final_model:
                 self.save_model(self.run_dir / "final")
         return self.run_dir
+
+    def _cursor(self) -> dict[str, int]:
+        return {
+            "batches_drawn": self.batches_drawn,
+            "generation_rounds": self.collector.rounds,
+            "data_epoch": self.data_epoch,
+        }
+
+    def _steps(self, cfg: TrainerConfig, signals: StopSignals, start: float) -> None:
+        """Steps until the budget, a collapse or a signal ends the run."""
+        while self.global_step < self.total_steps:
+            self.global_step += 1
+            self.guard.before_step(self.global_step)
+            metrics = self.step()
+            out_of_time = cfg.max_time_s is not None and time.perf_counter() - start >= cfg.max_time_s
+            ending = out_of_time or self.global_step == self.total_steps
+            verdict = self.guard.after_step(self.global_step, metrics, ending)
+            last = ending or verdict.stop
+            stopping = signals.requested is not None and not last  # the last step finishes the run
+            # test_freq -1 (verl's default): never, not even after the last step
+            validates = (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0) or (
+                last and cfg.test_freq >= 0
+            )
+            if validates and not stopping:
+                metrics.update(self.validate())
+            self.tracker.log(metrics, step=self.global_step)
+            if self.on_step is not None:
+                self.on_step(self.global_step, metrics)
+            saves = cfg.save_freq > 0 and (self.global_step % cfg.save_freq == 0 or last)  # -1: never
+            if saves or (stopping and cfg.save_on_interrupt):
+                self._save_or_say_why_not(verdict.collapsed)
+            if stopping:
+                self._stop(signals.requested)
+            if out_of_time:
+                self._say(f"stopped at step {self.global_step}: trainer.max_time_s={cfg.max_time_s} reached")
+            if last:
+                break
 
     def _stop(self, signum: int) -> None:
         """After a step that a signal asked to be the last: say what was saved and how to go on."""
@@ -369,8 +400,9 @@ class PPOTrainer:
             state = {
                 "kind": "rl",
                 "global_step": self.global_step,
-                "batches_drawn": self.batches_drawn,
-                "generation_rounds": self.collector.rounds,
+                # the data as of the last batch trained: batches made ahead are made again on resume
+                "batches_drawn": self.trained_cursor["batches_drawn"],
+                "generation_rounds": self.trained_cursor["generation_rounds"],
                 "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
                 "collapse_monitor": self.monitor.state_dict(),
             }
@@ -382,10 +414,11 @@ class PPOTrainer:
         state, self.resume_changes = checkpoint.resumable(path, to_dict(self.cfg))
         checkpoint.restore_rng(path)
         for group in self.workers.groups:
-            group.load_checkpoint(str(path))
+            group.load_checkpoint(str(path), state["global_step"])
         self.global_step = state["global_step"]
         self.batches_drawn = state["batches_drawn"]
         self.collector.rounds = state["generation_rounds"]
+        self.trained_cursor = self._cursor()
         # an adaptive coefficient continues from the saved value unless algorithm.kl_ctrl changed; a fixed
         # one is the config's (a new algorithm.kl_ctrl.kl_coef takes effect, as in verl)
         if self._adaptive_kl() and not self._kl_ctrl_changed() and state["kl_coef"] is not None:

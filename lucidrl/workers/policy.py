@@ -17,6 +17,7 @@ import copy
 import logging
 import random
 import sys
+import threading
 from inspect import signature
 from pathlib import Path
 
@@ -87,6 +88,10 @@ class PolicyWorker:
         self.tokenizer = load_run_tokenizer(m)
         self.actor = self.rollout = self.reference = self.critic = self.reward_model = None
         self.agent = None  # with rollout.multi_turn.enable: the multi-turn rollout over self.rollout
+        # one generation or weight sync at a time: with rollout.mode one_step_off/async the trainer's
+        # thread syncs while another generates (generation_and_sync below)
+        self._engine_lock = threading.Lock()
+        self.rollout_version = 0  # the trainer's step whose weights the engine holds (policy_version)
         sharded = self.world_size > 1
         if "actor" in roles:
             model = load_run_model(m, dtype)
@@ -105,9 +110,11 @@ class PolicyWorker:
             if m.enable_gradient_checkpointing is True:  # the update's forwards only (they need gradients)
                 enable_activation_checkpointing(model)
             # with one rank an engine that runs the actor's module generates with it; with several it
-            # gets a full copy (FSDP2 shards the actor in place)
+            # gets a full copy (FSDP2 shards the actor in place), and so it does when generation overlaps
+            # the update (rollout.mode one_step_off/async: the weights must not change mid-generation)
+            own_copy = sharded or bool(cfg.rollout.max_staleness)
             self.rollout = engine or self._make_rollout(
-                engine_cls, copy.deepcopy(model) if sharded else model
+                engine_cls, copy.deepcopy(model) if own_copy else model
             )
             train_model = (
                 wrap_for_training(model, cfg.trainer.strategy, self.device, compute) if sharded else model
@@ -226,8 +233,14 @@ class PolicyWorker:
 
     @dispatch(Dispatch.DP)
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Responses for `prompts`, with `policy_version`: per token, the trainer step whose weights
+        generated it (the engine's weights do not change during a call)."""
         engine = self.agent or self._need("rollout", self.rollout)
-        return self._out(engine.generate(self._in(prompts), params))
+        with self._engine_lock:
+            out = engine.generate(self._in(prompts), params)
+            version = self.rollout_version
+        out.set("policy_version", torch.full(out["responses"].shape, version, dtype=torch.long))
+        return self._out(out)
 
     @dispatch(Dispatch.DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -255,10 +268,15 @@ class PolicyWorker:
         return self._need("critic", self.critic).update(self._in(batch))
 
     @dispatch(Dispatch.ALL)
-    def sync_rollout(self) -> str:
-        """Give the rollout the actor's new weights (a collective gather when sharded)."""
+    def sync_rollout(self, version: int | None = None) -> str:
+        """Give the rollout the actor's new weights (a collective gather when sharded); `version`: the
+        trainer step they are from (kept when None: a restore puts back weights of the same step)."""
         actor = self._need("actor", self.actor)
-        return self.rollout.sync_from(actor.model, rank=self.rank, world_size=self.world_size)
+        with self._engine_lock:  # never while another thread generates
+            result = self.rollout.sync_from(actor.model, rank=self.rank, world_size=self.world_size)
+            if version is not None:
+                self.rollout_version = version
+        return result
 
     @dispatch(Dispatch.ALL)
     def snapshot_actor(self) -> str:
@@ -315,7 +333,7 @@ class PolicyWorker:
         return saved
 
     @dispatch(Dispatch.ALL)
-    def load_checkpoint(self, path: str) -> list[str]:
+    def load_checkpoint(self, path: str, version: int | None = None) -> list[str]:
         """Put a checkpoint's training state back (each rank its shards), then refresh the rollout engine."""
         loaded = []
         for role, worker in (("actor", self.actor), ("critic", self.critic)):
@@ -347,7 +365,7 @@ class PolicyWorker:
                 self.rank,
             )
         if self.actor is not None:
-            self.sync_rollout()
+            self.sync_rollout(version)
         return loaded
 
     @dispatch(Dispatch.ALL)
