@@ -41,6 +41,7 @@ def verl():
     yield types.SimpleNamespace(
         default_compute_score=package.default_compute_score,
         countdown=importlib.import_module("verl_reward_score.countdown"),
+        math_dapo=importlib.import_module("verl_reward_score.math_dapo"),
         kk=importlib.import_module("verl_reward_score.kk"),
     )
     for name, module in saved.items():
@@ -141,15 +142,59 @@ DAPO_CASES = [
 ]  # fmt: skip
 
 
+# verl 0.9.1's fallback: no "Answer:" line, so the last whole \boxed{} of the last 100 characters (of the
+# last 300), compared with the ground truth as written; an "Answer:" line, even a wrong one, wins
+DAPO_FALLBACK_CASES = [
+    ("so \\boxed{42}", "42"), ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"), ("\\boxed{\\frac12}", "\\frac{1}{2}"),
+    ("\\boxed{ 42 }", "42"), ("\\boxed{42}", "42.0"), ("\\boxed{42}" + " " * 120, "42"), ("\\boxed{42}" + "x" * 95, "42"),
+    ("Answer: 41\n\\boxed{42}", "42"), ("\\boxed{41} then \\boxed{42}", "42"), ("\\boxed{42} then \\boxed{41}", "42"),
+    ("\\boxed{42", "42"), ("the answer is \\boxed{42}.", "42"), ("\\boxed{\\text{Monday}}", "Monday"),
+    ("\\boxed{\\text{Monday}}", "\\text{Monday}"), ("x" * 250 + "\\boxed{7}", "7"), ("\\boxed{7}" + "y" * 295, "7"),
+    ("ANSWER \\boxed{7}", "7"), ("Answer:\n\\boxed{7}", "7"), ("\\boxed{[INVALID]}", "[INVALID]"),
+    ("Answer: [INVALID]\n\\boxed{5}", "5"), ("\\fbox{5}", "5"), ("$\\boxed{5}$", "5"), ("\\boxed{5}", "$5$"),
+    ("\\boxed{\\boxed{5}}", "\\boxed{5}"), ("\\boxed{}", ""), ("\\boxed{1,000}", "1000"),
+]  # fmt: skip
+
+
+def verl_091_math_dapo(dapo, solution: str, truth: str) -> dict:
+    """verl 0.9.1's math_dapo.compute_score, from the fixture's (0.9.0's) functions: 0.9.1's `verify` keeps
+    Minerva's verdict unless its prediction is the INVALID marker (no "Answer:" line), and then takes the
+    strict box's where the last 100 of the 300 characters hold a whole box (verl-project/verl bf48903d9)."""
+    tail = solution[-300:]
+    correct, pred = dapo.is_correct_minerva(tail, truth)
+    if pred == "[INVALID]":
+        box_score, box = dapo.is_correct_strict_box(tail, truth)
+        if box is not None:
+            correct = box_score == 1
+    return {"score": 1.0 if correct else -1.0, "acc": float(correct)}
+
+
 @pytest.mark.parametrize("source", ["math_dapo", "math", "aime2024"])
-def test_math_dapo_equals_verl(verl, source):
-    assert len(DAPO_CASES) >= 50
+def test_math_dapo_equals_verl_091(verl, source):
+    cases = DAPO_CASES + DAPO_FALLBACK_CASES
+    assert len(DAPO_CASES) >= 50 and len(cases) == 79
     differ = []
-    for r, gt in DAPO_CASES:
-        theirs, ours = verl.default_compute_score(source, r, gt), default_compute_score(source, r, gt)
-        if (theirs["score"], float(theirs["acc"])) != (ours["score"], ours["acc"]):
+    for r, gt in cases:
+        theirs, ours = verl_091_math_dapo(verl.math_dapo, r, gt), default_compute_score(source, r, gt)
+        if theirs != ours:
             differ.append((r, gt, theirs, ours))
     assert not differ
+    # the fallback's verdicts are not all one way, and 0.9.0 (the fixture as it is) differs exactly there
+    verdicts = [default_compute_score(source, r, gt)["score"] for r, gt in DAPO_FALLBACK_CASES]
+    assert verdicts.count(1.0) >= 8 and verdicts.count(-1.0) >= 8
+    changed = [
+        (r, gt)
+        for r, gt in cases
+        if verl.default_compute_score(source, r, gt)["score"] != default_compute_score(source, r, gt)["score"]
+    ]
+    assert changed == [
+        (r, gt)
+        for r, gt in cases
+        if verl.math_dapo.is_correct_minerva(r[-300:], gt)[1] == "[INVALID]"
+        and verl.math_dapo.is_correct_strict_box(r[-300:], gt)[0] == 1
+        and not verl.math_dapo.is_correct_minerva(r[-300:], gt)[0]
+    ]
+    assert ("\\boxed{42}", "42") in changed and ("so \\boxed{42}", "42") in changed
 
 
 # ---- TinyZero's countdown ------------------------------------------------------------------------------

@@ -76,8 +76,9 @@ def test_gsm8k_lenient_reads_every_spelling_of_the_number():
         ("Answer: 3\nno wait\nAnswer: 41", "41", 1.0),  # the last one
         ("Answer: 41", "42", -1.0),
         ("Answer: 0.5", "\\frac{1}{2}", -1.0),  # no algebra, as in verl
-        ("the answer is 42", "42", -1.0),  # no "Answer:" line
-        ("so the answer is \\boxed{\\frac12}", "\\frac{1}{2}", -1.0),  # verl reads no box without the line
+        ("the answer is 42", "42", -1.0),  # no "Answer:" line, no box
+        ("so the answer is \\boxed{42}", "42", 1.0),  # verl 0.9.1: no "Answer:" line, the last box
+        ("so the answer is \\boxed{\\frac12}", "\\frac{1}{2}", -1.0),  # that box compared as written
         ("Answer: 41, or \\boxed{42}", "42", -1.0),
         ("Answer: 42" + " " * 400, "42", -1.0),  # outside the last 300 characters
     ],
@@ -92,11 +93,13 @@ def test_verls_dapo_math_sources_use_the_answer_line_rule(response, truth, score
 def test_dapos_strict_box_verify_and_the_boxed_fallback_option():
     from lucidrl.rewards.math_dapo import compute_score
 
-    # boxed_fallback (off by default): the box of the last 100 characters where there is no "Answer:" line
+    # boxed_fallback (off by default): the fallback box (no "Answer:" line) compared after normalising
     assert (
         compute_score("so the answer is \\boxed{\\frac12}", "\\frac{1}{2}", boxed_fallback=True)["acc"] == 1.0
     )
+    assert compute_score("so the answer is \\boxed{\\frac12}", "\\frac{1}{2}")["acc"] == 0.0  # as written
     assert compute_score("\\boxed{42}" + " " * 120, "42", boxed_fallback=True)["acc"] == 0.0
+    assert compute_score("Answer: 41\n\\boxed{42}", "42", boxed_fallback=True)["acc"] == 0.0  # the line wins
 
     assert compute_score("so \\boxed{42}", "42", strict_box_verify=True)["acc"] == 1.0
     assert compute_score("Answer: 42", "42", strict_box_verify=True)["acc"] == 0.0  # no box

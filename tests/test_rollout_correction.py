@@ -337,3 +337,26 @@ def test_bypass_mode_step_compares_the_update_with_the_perturbed_engine(
     )
     assert metrics["rollout_corr/rollout_is_max"] == pytest.approx(2.0, abs=1e-4)
     assert metrics["rollout_corr/rollout_is_min"] == pytest.approx(RHO_ODD, abs=1e-4)
+
+
+def test_bypass_ppo_clip_metrics_count_the_kept_tokens_only():
+    """verl passes the rejection mask to the PPO loss as its response mask, so pg_clipfrac, ppo_kl and
+    pg_clipfrac_lower are means over the kept tokens; they were over every response token."""
+    # ratios [3, 1.1, 5, 1], advantages [1, 1, -1, 1]: token 0 on PPO's clipped branch (A > 0, r > 1.2),
+    # token 2 dual-clipped (A < 0, r > clip_ratio_c = 3), tokens 1 and 3 inside the clip range
+    rollout = torch.tensor([[-1.0, -2.0, -1.5, -0.5]])
+    ratios = torch.tensor([[3.0, 1.1, 5.0, 1.0]])
+    log_prob = rollout + torch.log(ratios)
+    advantages = torch.tensor([[1.0, 1.0, -1.0, 1.0]])
+    mask = torch.ones(1, 4)
+    # token_k1 keeps |log r| <= log 2: tokens 1 and 3 (r 1.1 and 1); tokens 0 and 2 (r 3 and 5) are rejected
+    _, m = compute_policy_loss_bypass_mode(rollout, log_prob, advantages, mask, rollout_rs="token_k1",
+                                           rollout_rs_threshold=2.0)  # fmt: skip
+    assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(0.5)
+    # over the kept tokens nothing is clipped, and ppo_kl is the mean of -log r over r = 1.1 and 1
+    assert m["pg_clipfrac"] == 0.0 and m["pg_clipfrac_lower"] == 0.0
+    assert m["ppo_kl"] == pytest.approx(-math.log(1.1) / 2, abs=1e-6)
+    # the same batch without rejection counts all four (what the rejected run reported before)
+    _, every = compute_policy_loss_bypass_mode(rollout, log_prob, advantages, mask)
+    assert every["pg_clipfrac"] == pytest.approx(0.25) and every["pg_clipfrac_lower"] == pytest.approx(0.25)
+    assert every["ppo_kl"] == pytest.approx(-math.log(3.0 * 1.1 * 5.0) / 4, abs=1e-6)

@@ -214,3 +214,13 @@ def test_the_stop_rule_ends_a_response_once_its_whole_answer_is_stated(text, sto
     assert kept.lower().endswith(stops_after.lower())
     answer = stops_after.split("is")[-1].strip(" :*.").replace(",", "")
     assert compute_score(kept, answer, {"format": "answer_is"})["score"] == 1.0
+
+
+def test_the_defaults_and_the_largest_val_that_fits_write_files(tmp_path, capsys):
+    """`--val` defaulted to 200, more distinct one-digit products than exist: the bare command failed."""
+    assert main(["data", "word-problems", "--out", str(tmp_path / "d")]) == 0
+    assert "2000 train and 150 val" in capsys.readouterr().out
+    assert main(["data", "word-problems", "--val", "179", "--out", str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    assert main(["data", "word-problems", "--val", "180", "--out", str(tmp_path / "x")]) == 2
+    assert "mul" in capsys.readouterr().err

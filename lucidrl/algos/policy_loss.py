@@ -45,6 +45,7 @@ def compute_policy_loss_vanilla(
     loss_agg_mode: str = "token-mean",
     loss_scale_factor: float | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    metrics_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate loss with asymmetric clip range and dual clip.
 
@@ -70,10 +71,12 @@ def compute_policy_loss_vanilla(
         loss_agg_mode, loss_scale_factor: see `agg_loss`.
         rollout_is_weights: (bs, response_len) rollout-correction weights multiplying the per-token loss,
             or None.
+        metrics_mask: (bs, response_len) the tokens the metrics count, or None: response_mask's. Bypass
+            mode gives its kept tokens, as verl's metrics count them.
 
     Returns:
         pg_loss: scalar tensor to back-propagate.
-        metrics: floats over unmasked tokens —
+        metrics: floats over unmasked tokens (metrics_mask's) —
             pg_clipfrac: fraction where the clipped branch is active (-A*clip(r) > -A*r);
             pg_clipfrac_lower: fraction where the dual clip is active (A < 0 and -A*c < clipped);
             ppo_kl: mean of old_log_prob - log_prob (k1 estimate of KL(old || new)).
@@ -93,6 +96,7 @@ def compute_policy_loss_vanilla(
         advantages=advantages,
         response_mask=response_mask,
         rollout_is_weights=rollout_is_weights,
+        metrics_mask=metrics_mask,
     )
 
     # Clamped so a stale or corrupted old_log_prob cannot overflow exp into inf/NaN.
@@ -109,13 +113,12 @@ def compute_policy_loss_vanilla(
         weighted(pg_losses, rollout_is_weights), response_mask, loss_agg_mode, loss_scale_factor
     )
 
+    counted = response_mask if metrics_mask is None else metrics_mask
     with torch.no_grad():
         metrics = {
-            "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), response_mask).item(),
-            "pg_clipfrac_lower": masked_mean(
-                ((loss_ppo > loss_dual) & negative).float(), response_mask
-            ).item(),
-            "ppo_kl": masked_mean(-log_ratio, response_mask).item(),
+            "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), counted).item(),
+            "pg_clipfrac_lower": masked_mean(((loss_ppo > loss_dual) & negative).float(), counted).item(),
+            "ppo_kl": masked_mean(-log_ratio, counted).item(),
         }
     return pg_loss, metrics
 

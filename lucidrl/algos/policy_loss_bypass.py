@@ -66,7 +66,9 @@ def compute_policy_loss_bypass_mode(
     Returns:
         pg_loss: scalar tensor.
         metrics: pg_clipfrac, pg_clipfrac_lower (0.0 for reinforce), ppo_kl (token mean of
-            rollout - current log-prob), and the rollout_corr/* metrics of the micro-batch.
+            rollout - current log-prob), each over the kept tokens (rejected ones left out, as verl's
+            are: its loss gets the rejection mask as its response mask), and the rollout_corr/* metrics
+            of the micro-batch.
     """
     if loss_type not in BYPASS_LOSS_TYPES:
         raise ValueError(
@@ -87,6 +89,7 @@ def compute_policy_loss_bypass_mode(
             old_log_prob, log_prob, advantages, response_mask,
             clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c,
             loss_agg_mode=loss_agg_mode, loss_scale_factor=loss_scale_factor, rollout_is_weights=kept,
+            metrics_mask=keep,
         )  # fmt: skip
     else:
         w = kept if weights is None else weights * kept

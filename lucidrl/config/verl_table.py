@@ -643,7 +643,9 @@ ROWS: list[Row] = [
     Map("trainer.default_local_dir", "trainer.run_dir", convert=local_dir),
     Map("trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
     Map("trainer.max_critic_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
-    Refuse("trainer.val_only", "validation alone: run `lucidrl eval MODEL DATA` instead", default=False),
+    Refuse(
+        "trainer.val_only", "validation alone: run `lucidrl eval MODEL --data FILE` instead", default=False
+    ),
     Refuse("trainer.log_val_generations", "printing validation samples to the tracker", default=0),
     Refuse("trainer.rollout_data_dir", "dumping training rollouts to JSON lines", default=None),
     Refuse("trainer.validation_data_dir", "dumping validation rollouts to JSON lines", default=None),

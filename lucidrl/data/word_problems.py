@@ -248,7 +248,7 @@ def write_word_problems_parquet(
     out_dir: str | os.PathLike[str],
     *,
     n_train: int = 2000,
-    n_val: int = 200,
+    n_val: int = 150,
     seed: int = 0,
     ops: tuple[str, ...] = OPERATIONS,
     shots: int = 0,

@@ -1,9 +1,12 @@
-"""DAPO's math rule (verl's `math_dapo`, which verl's default_compute_score uses for data_source `math`,
-`math_dapo`, `math_dapo_reasoning` and `aime*`): the last "Answer: ..." line of the response's last 300
-characters, compared with the ground truth after the answer normalisation of Minerva (Lewkowycz et al.
-2022, appendix D); +1 when equal, -1 otherwise (no "Answer:" line included), with `acc`. verl also
-returns the normalised prediction as "pred"; it is text, not a metric, so it is left out here
-(`extract_answer` and `normalize_answer` give it).
+"""DAPO's math rule as verl 0.9.1 has it (verl's `math_dapo`, which verl's default_compute_score uses for
+data_source `math`, `math_dapo`, `math_dapo_reasoning` and `aime*`): the last "Answer: ..." line of the
+response's last 300 characters, compared with the ground truth after the answer normalisation of Minerva
+(Lewkowycz et al. 2022, appendix D). Where there is no "Answer:" line, the last `\\boxed{}` of the last
+100 of those characters, compared with the ground truth exactly, as written (verl's strict box; verl
+0.9.0 and older scored such a response -1 without looking at the box). +1 when equal, -1 otherwise
+(neither an "Answer:" line nor a whole box included), with `acc`. verl also returns the prediction as
+"pred"; it is text, not a metric, so it is left out here (`extract_answer`, `normalize_answer` and
+`boxed_answer` give it).
 
 The normalisation keeps what follows the last "=", drops spaces, articles, "\\$", unit words and
 `\\text{}`, `\\textbf{}`, `\\overline{}` and `\\boxed{}` wrappers, writes `\\frac12` as `\\frac{1}{2}` and
@@ -11,8 +14,9 @@ The normalisation keeps what follows the last "=", drops spaces, articles, "\\$"
 `0.5` and `\\frac{1}{2}` differ, as they do in verl.
 
 `strict_box_verify=True` (DAPO's strict mode; verl's keyword) reads only the last `\\boxed{}` of the last
-100 characters and compares it exactly. `boxed_fallback=True` (off by default; a documented difference
-from verl) reads that box, normalised, where the response has no "Answer:" line.
+100 characters and compares it exactly, "Answer:" lines or not. `boxed_fallback=True` (off by default; a
+documented difference from verl) compares the fallback box after Minerva's normalisation instead of
+exactly, so `\\boxed{\\frac12}` matches `\\frac{1}{2}`.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 TAIL_CHARS = 300  # the answer is looked for in the response's end only, as in DAPO
 BOX_TAIL_CHARS = 100  # a \\boxed{} answer in the last 100 of those, as verl's is_correct_strict_box
-INVALID = "[INVALID]"  # the prediction when no "Answer:" line is found
+INVALID = "[INVALID]"  # the prediction when no "Answer:" line is found (then the box is read, if any)
 _ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 
 # (written, normalised) pairs, applied in order
@@ -116,9 +120,11 @@ def compute_score(
     if strict_box_verify:
         right = boxed_answer(solution_str) == truth
     else:
-        answer = extract_answer(solution_str)
-        if answer == INVALID and boxed_fallback:
-            boxed = boxed_answer(solution_str)
-            answer = boxed if boxed is not None else INVALID
-        right = normalize_answer(answer) == normalize_answer(truth)
+        predicted = normalize_answer(extract_answer(solution_str))
+        right = predicted == normalize_answer(truth)
+        # verl 0.9.1: only a prediction that is still the INVALID marker after normalising (no "Answer:"
+        # line) falls back on the box; a box cut off by the 100 characters (None) leaves it wrong
+        boxed = boxed_answer(solution_str) if predicted == INVALID else None
+        if boxed is not None:
+            right = normalize_answer(boxed) == normalize_answer(truth) if boxed_fallback else boxed == truth
     return {"score": 1.0 if right else -1.0, "acc": float(right)}
