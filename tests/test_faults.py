@@ -34,7 +34,7 @@ def _args(tmp_path, model: str, train: str, run: Path, *extra: str) -> list[str]
     return [
         f"model.path={model}",
         f"data.train_files=[{train}]",
-        "data.max_prompt_length=1024",
+        "data.max_prompt_length=1000",
         "data.max_response_length=6",
         "data.train_batch_size=2",
         "rollout.n=2",
@@ -63,10 +63,15 @@ def saved_run(tmp_path_factory, kk_data, tiny_model):
     return {"root": root, "model": model, "run": run, "train": kk_data["train"]}
 
 
-def _damaged(saved_run, tmp_path, damage) -> Path:
-    """A copy of the saved run with `damage(step_2_folder)` done to it; returns the copy's run dir."""
+def _damaged(saved_run, tmp_path, damage, *, manifest: bool = True) -> Path:
+    """A copy of the saved run with `damage(step_2_folder)` done to it; returns the copy's run dir.
+    Without `manifest`, its checkpoints lose their manifest.json, as a lucidrl version before manifests
+    wrote them: the damage then meets the readers themselves."""
     run = tmp_path / "run"
     shutil.copytree(saved_run["run"], run)
+    if not manifest:
+        for file in (run / "checkpoints").glob("global_step_*/manifest.json"):
+            file.unlink()
     damage(run / "checkpoints" / "global_step_2")
     return run
 
@@ -88,7 +93,9 @@ def _truncate(path: Path, size: int = 100) -> None:
 
 @pytest.mark.slow
 def test_a_truncated_distcp_names_the_folder_and_the_checkpoint_before(saved_run, tmp_path):
-    run = _damaged(saved_run, tmp_path, lambda step: _truncate(step / "actor" / "__0_0.distcp", 1000))
+    run = _damaged(
+        saved_run, tmp_path, lambda step: _truncate(step / "actor" / "__0_0.distcp", 1000), manifest=False
+    )
     with pytest.raises(CheckpointError) as info:
         _resume(saved_run, tmp_path, run)
     text = str(info.value)
@@ -99,7 +106,7 @@ def test_a_truncated_distcp_names_the_folder_and_the_checkpoint_before(saved_run
 @pytest.mark.slow
 def test_truncated_checkpoint_weights_name_the_file(saved_run, tmp_path):
     weights = "actor/model/model-00001-of-00001.safetensors"
-    run = _damaged(saved_run, tmp_path, lambda step: _truncate(step / weights))
+    run = _damaged(saved_run, tmp_path, lambda step: _truncate(step / weights), manifest=False)
     with pytest.raises(CheckpointError) as info:
         _resume(saved_run, tmp_path, run)
     text = str(info.value)
@@ -109,7 +116,9 @@ def test_truncated_checkpoint_weights_name_the_file(saved_run, tmp_path):
 
 @pytest.mark.slow
 def test_a_garbage_trainer_state_names_the_file(saved_run, tmp_path):
-    run = _damaged(saved_run, tmp_path, lambda step: (step / "trainer_state.json").write_text("{garbage"))
+    run = _damaged(
+        saved_run, tmp_path, lambda step: (step / "trainer_state.json").write_text("{garbage"), manifest=False
+    )
     with pytest.raises(
         CheckpointError, match=r"cannot read the trainer's state in .*trainer_state.json \(JSONDecodeError"
     ):
@@ -118,7 +127,7 @@ def test_a_garbage_trainer_state_names_the_file(saved_run, tmp_path):
 
 @pytest.mark.slow
 def test_a_missing_rng_file_names_it_before_anything_loads(saved_run, tmp_path):
-    run = _damaged(saved_run, tmp_path, lambda step: (step / "rng.pt").unlink())
+    run = _damaged(saved_run, tmp_path, lambda step: (step / "rng.pt").unlink(), manifest=False)
     with pytest.raises(CheckpointError) as info:
         _resume(saved_run, tmp_path, run)
     assert "rng.pt (the trainer process's RNG state) is missing" in str(info.value)
@@ -145,13 +154,107 @@ def test_a_crafted_rng_file_runs_no_code_on_resume(saved_run, tmp_path, rng_file
         code = EVIL.format(marker=str(marker), path=str(step / rng_file))
         subprocess.run([sys.executable, "-c", code], check=True)  # written as an attacker would
 
-    run = _damaged(saved_run, tmp_path, craft)
+    run = _damaged(saved_run, tmp_path, craft, manifest=False)  # else the manifest refuses it first
     # torch.load(weights_only=False), as before, would run it: the test's payload does work
     with pytest.raises(CheckpointError, match="unpickling it could run code, so it was not loaded"):
         _resume(saved_run, tmp_path, run)
     assert not marker.exists()
     torch.load(run / "checkpoints" / "global_step_2" / rng_file, weights_only=False)
     assert marker.exists()
+
+
+EVIL_METADATA = """
+import pathlib, pickle
+
+class Payload:
+    def __reduce__(self):  # what unpickling runs
+        return (pathlib.Path.touch, (pathlib.Path({marker!r}),))
+
+pathlib.Path({path!r}).write_bytes(pickle.dumps(Payload()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("manifest", ["kept", "rewritten", "absent"])
+def test_a_metadata_file_replaced_by_a_pickle_runs_no_code_on_resume(saved_run, tmp_path, manifest):
+    """torch.distributed.checkpoint unpickles `.metadata`: the manifest refuses a replaced one, and
+    with the manifest rewritten to match (or gone, as in checkpoints of older versions) the file is
+    read with an unpickler that calls nothing but DCP's metadata classes."""
+    from lucidrl.workers.training.checkpoint_files import write_manifest
+
+    marker = tmp_path / "pwned"
+    metadata = "actor/.metadata"
+
+    def craft(step):
+        code = EVIL_METADATA.format(marker=str(marker), path=str(step / metadata))
+        subprocess.run([sys.executable, "-c", code], check=True)
+        if manifest == "rewritten":
+            write_manifest(step)
+        elif manifest == "absent":
+            (step / "manifest.json").unlink()
+
+    run = _damaged(saved_run, tmp_path, craft)
+    file = run / "checkpoints" / "global_step_2" / metadata
+    with pytest.raises(CheckpointError) as info:
+        _resume(saved_run, tmp_path, run)
+    text = str(info.value)
+    if manifest == "kept":
+        assert text.startswith(f"checkpoint file {file} is ") and "its save wrote" in text
+    else:
+        assert text.startswith(
+            f"{file} is not torch.distributed.checkpoint metadata: it names global 'pathlib.Path.touch', "
+            "which unpickling would call, so it was not loaded"
+        )
+    assert _earlier(run) in text and not marker.exists()
+    import pickle
+
+    pickle.loads(file.read_bytes())  # the payload does work: torch's reader would have run it
+    assert marker.exists()
+
+
+@pytest.mark.slow
+def test_a_checkpoint_file_changed_added_or_truncated_is_named_by_the_manifest(saved_run, tmp_path, caplog):
+    step2 = Path("checkpoints") / "global_step_2"
+
+    def flip(step):  # same size, other bytes
+        file = step / "actor" / "__0_0.distcp"
+        data = bytearray(file.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        file.write_bytes(bytes(data))
+
+    run = _damaged(saved_run, tmp_path, flip)
+    with pytest.raises(CheckpointError) as info:
+        _resume(saved_run, tmp_path, run)
+    assert str(info.value).startswith(
+        f"checkpoint file {run / step2 / 'actor' / '__0_0.distcp'} has other contents than its save wrote"
+    )
+    assert _earlier(run) in str(info.value)
+    shutil.rmtree(run)
+    run = _damaged(saved_run, tmp_path, lambda step: (step / "actor" / "extra.distcp").write_bytes(b"x"))
+    with pytest.raises(CheckpointError, match=r"extra.distcp is not one its save wrote \(it is not in "):
+        _resume(saved_run, tmp_path, run)
+    shutil.rmtree(run)
+    run = _damaged(saved_run, tmp_path, lambda step: _truncate(step / "actor" / ".metadata", 10))
+    with pytest.raises(CheckpointError, match=r"actor/.metadata is 10 bytes and its save wrote \d+: it was"):
+        _resume(saved_run, tmp_path, run)
+    shutil.rmtree(run)
+    # the same truncated .metadata in a checkpoint without a manifest: named by the metadata check
+    run = _damaged(
+        saved_run, tmp_path, lambda step: _truncate(step / "actor" / ".metadata", 10), manifest=False
+    )
+    with pytest.raises(CheckpointError) as info:
+        _resume(saved_run, tmp_path, run)
+    assert str(info.value).startswith(
+        "cannot read the index of the optimizer state and LR schedule (torch.distributed.checkpoint metadata) "
+        f"in {run / step2 / 'actor' / '.metadata'} (UnpicklingError: pickle data was truncated): the file is"
+    )
+    shutil.rmtree(run)
+    # an intact checkpoint of a version before manifests resumes, with a warning
+    run = _damaged(saved_run, tmp_path, lambda step: None, manifest=False)
+    with caplog.at_level("WARNING"):
+        trainer = _resume(saved_run, tmp_path, run)
+    assert trainer.global_step == 2
+    assert "has no manifest.json (written by a lucidrl version before checkpoints had one)" in caplog.text
 
 
 @pytest.mark.slow
