@@ -631,3 +631,109 @@ def test_sigterm_while_a_run_is_set_up_stops_it_with_a_word_and_143(capsys):
     finally:
         version.run = real
     assert capsys.readouterr().err == "lucidrl: interrupted (Ctrl-C)\n"
+
+
+def test_lengths_past_the_models_positions_are_refused_before_any_data_loads(tmp_path, kk_data, tiny_model):
+    """1024 + 6 tokens on a 1024-position model, and a 64-position model with the default lengths, were
+    trained on (positions the model never learned)."""
+    from lucidrl.config.errors import ConfigError
+    from lucidrl.trainer import setup
+
+    run = tmp_path / "run"
+    args = _args(tmp_path, str(tiny_model["path"]), kk_data["train"], run, "data.max_prompt_length=1024")
+    with pytest.raises(ConfigError) as info:
+        setup.load_data(load_config(None, args), None)  # refused before the tokenizer is used
+    assert str(info.value).startswith(
+        "data.max_prompt_length + data.max_response_length = 1024 + 6 = 1030 tokens is more than the 1024 "
+        f"positions of the model at model.path='{tiny_model['path']}' (max_position_embeddings in its config.json)"
+    )
+    assert "lower data.max_prompt_length to at most 1018" in str(info.value)
+    small = tmp_path / "small"
+    shutil.copytree(tiny_model["path"], small)
+    conf = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps({**conf, "max_position_embeddings": 64}))
+    plain = [a for a in args if not a.startswith(("data.max_", "model.path"))]
+    with pytest.raises(
+        ConfigError,
+        match=r"= 512 \+ 256 = 768 tokens is more than the 64 positions.*lower data.max_response_length below 64",
+    ):
+        setup.load_data(load_config(None, [*plain, f"model.path={small}"]), None)
+    setup.check_positions(load_config(None, [*args, "data.max_prompt_length=1018"]))  # fits: no error
+
+
+def _rows_file(tmp_path, kk_data, name: str, change) -> str:
+    rows = pq.read_table(kk_data["train"]).to_pylist()[:4]
+    change(rows)
+    path = tmp_path / f"{name}.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+def test_a_ground_truth_the_rule_cannot_score_is_found_at_load_for_every_row(
+    tmp_path, kk_data, tiny_tokenizer
+):
+    """A None, NaN or wrong-shaped ground truth failed only when its sample was first scored."""
+    from lucidrl.rewards.registry import GroundTruthError
+    from lucidrl.trainer import setup
+
+    def none_in_row_2(rows):
+        rows[2]["reward_model"] = {**rows[2]["reward_model"], "solution_text_format": None}
+        for r in rows:  # the ground truth column as Logic-RL's files hold it: the solution text
+            r["reward_model"] = {"style": "rule", "ground_truth": r["reward_model"]["ground_truth"]}
+        rows[2]["reward_model"]["ground_truth"] = None
+
+    bad = _rows_file(tmp_path, kk_data, "kk_none", none_in_row_2)
+    args = _args(tmp_path, "unused", bad, tmp_path / "run", "data.max_prompt_length=512")
+    plain = [a for a in args if not a.startswith("reward.custom_function")]  # the built-in rules
+    with pytest.raises(GroundTruthError) as info:
+        setup.load_data(load_config(None, plain), tiny_tokenizer)
+    text = str(info.value)
+    assert text.startswith(
+        "data.train_files: reward_model.ground_truth that the built-in rule cannot score: data_source 'kk_logic': "
+        f"1 rows, the first {bad} row 2 with ground_truth 'None' (K&K ground truth of type NoneType"
+    )
+    assert "nothing was trained" in text
+
+    def gsm8k(rows):
+        for i, r in enumerate(rows):
+            r["data_source"] = "openai/gsm8k"
+            r["reward_model"] = {"style": "rule", "ground_truth": float("nan") if i == 1 else 72.0}
+
+    bad = _rows_file(tmp_path, kk_data, "gsm8k_nan", gsm8k)
+    with pytest.raises(
+        GroundTruthError, match=r"'openai/gsm8k': 4 rows, the first .*row 0 with ground_truth '72.0' \(GSM8K"
+    ):
+        setup.load_data(load_config(None, [*plain, f"data.train_files=[{bad}]"]), tiny_tokenizer)
+    # with a function of the user's, the rows are its to read
+    setup.load_data(load_config(None, [*args[:1], *args[2:], f"data.train_files=[{bad}]"]), tiny_tokenizer)
+
+
+def test_prompts_that_are_not_utf8_text_are_named_at_load(tmp_path, kk_data, tiny_tokenizer):
+    """Invalid UTF-8 bytes in a prompt were read (a raw UnicodeDecodeError, or U+FFFD trained on)."""
+    from lucidrl.data.dataset import load_prompts
+
+    rows = pq.read_table(kk_data["train"]).to_pylist()[:3]
+    content = rows[1]["prompt"][0]["content"]
+    # a string column holding latin-1 bytes: pyarrow stores them, and raises UnicodeDecodeError when read
+    prompts = pa.array(
+        [r["prompt"][0]["content"].encode() for r in rows[:1]] + [content.encode()[:10] + b"caf\xe9 au lait"]
+    )
+    table = pa.table({"prompt": prompts.view(pa.string()), "data_source": ["kk_logic"] * 2,
+                      "reward_model": [r["reward_model"] for r in rows[:2]]})  # fmt: skip
+    latin = tmp_path / "latin1.parquet"
+    pq.write_table(table, latin)
+    with pytest.raises(DatasetError) as info:
+        load_prompts([str(latin)], tiny_tokenizer, max_prompt_length=1000)
+    assert str(info.value).startswith(
+        f"data.train_files: '{latin}' row 1, column 'prompt', holds bytes that are not UTF-8 text (invalid "
+        "continuation byte at byte 13"
+    )
+    # the same text decoded with errors="replace" before it was written: U+FFFD where the bytes were
+    rows[2]["prompt"][0]["content"] = content[:10] + b"caf\xe9 au lait".decode("utf-8", errors="replace")
+    replaced = tmp_path / "replaced.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), replaced)
+    with pytest.raises(
+        DatasetError,
+        match=rf"{replaced} row 2: column 'prompt' holds the replacement character U\+FFFD at character 13",
+    ):
+        load_prompts([str(replaced)], tiny_tokenizer, max_prompt_length=1000)
