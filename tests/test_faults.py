@@ -737,3 +737,32 @@ def test_prompts_that_are_not_utf8_text_are_named_at_load(tmp_path, kk_data, tin
         match=rf"{replaced} row 2: column 'prompt' holds the replacement character U\+FFFD at character 13",
     ):
         load_prompts([str(replaced)], tiny_tokenizer, max_prompt_length=1000)
+
+
+def test_a_binary_config_file_a_directory_and_a_garbage_latest_are_named(tmp_path):
+    """A binary config file gave a raw UnicodeDecodeError, a directory "does not exist", and a
+    checkpoints/latest holding garbage a traceback about another file."""
+    from lucidrl.config import ConfigError
+
+    binary = tmp_path / "model.safetensors"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe" + bytes(range(256)))
+    with pytest.raises(
+        ConfigError, match=rf"config file '{binary}' is not text \(invalid start byte at byte 0\)"
+    ):
+        load_config(binary, [])
+    with pytest.raises(
+        ConfigError, match=rf"config file '{tmp_path}' is a directory; give the YAML file in it"
+    ):
+        load_config(tmp_path, [])
+    root = tmp_path / "run" / "checkpoints"
+    (root / "global_step_1").mkdir(parents=True)
+    (root / "global_step_1" / "trainer_state.json").write_text("{}")
+    for garbage in (b"\x00\xff\xfe garbage", b"../../etc"):
+        (root / "latest").write_bytes(garbage)
+        with pytest.raises(CheckpointError) as info:
+            checkpoint.latest_checkpoint(tmp_path / "run")
+        text = str(info.value)
+        assert text.startswith(
+            f"{root / 'latest'} should hold the name of the newest checkpoint (global_step_N)"
+        )
+        assert "['global_step_1']" in text and "delete it to have the newest found" in text

@@ -120,7 +120,18 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         )
         point_latest(newest)
         return newest
-    path = root / pointer.read_text().strip()
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        name = f"<unreadable: {type(exc).__name__}>"
+    if not name.startswith(PREFIX) or "/" in name or "\\" in name or not name.removeprefix(PREFIX).isdigit():
+        raise CheckpointError(
+            f"{pointer} should hold the name of the newest checkpoint ({PREFIX}N) and holds {name[:60]!r}: it was "
+            f"overwritten; write the newest complete one's name into it (among "
+            f"{sorted(p.name for p in _step_folders(root))}), or delete it to have the newest found, or resume "
+            "from one with trainer.resume_mode=resume_path and trainer.resume_from_path"
+        )
+    path = root / name
     replaced = path.with_name(path.name + ".old")
     if not path.exists() and (replaced / STATE).is_file():
         # a save of the same step killed between commit's two renames: the checkpoint it replaced comes back
