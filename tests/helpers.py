@@ -80,7 +80,7 @@ def write_train_config(tmp_path, kk_data, tiny_model, **sections) -> str:
         "data": {
             "train_files": [kk_data["train"]],
             "val_files": [kk_data["val"]],
-            "max_prompt_length": 1024,
+            "max_prompt_length": 1000,
             "max_response_length": 16,
             "train_batch_size": 4,
         },

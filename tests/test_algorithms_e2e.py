@@ -16,7 +16,7 @@ from lucidrl.config import load_config
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "algorithms"
 
 BASE = [
-    "data.max_prompt_length=1024",
+    "data.max_prompt_length=1000",
     "data.max_response_length=12",
     "data.train_batch_size=4",
     "rollout.n=4",

@@ -15,6 +15,7 @@ from lucidrl.cli import main
 from lucidrl.config import ConfigError, load_config
 from lucidrl.trainer import checkpoint
 from lucidrl.trainer.ppo import PPOTrainer
+from lucidrl.workers.training.checkpoint_files import write_manifest
 from lucidrl.workers.training.train_state import CheckpointError
 
 
@@ -340,6 +341,9 @@ def test_saves_are_atomic_pruned_and_the_latest_is_resumed(tmp_path, kk_data, ti
     # a checkpoint without its weights folder (written by an earlier version, or damaged) says so
     (root / "latest").write_text("global_step_3\n")
     shutil.rmtree(step3 / "actor" / "model")
+    with pytest.raises(CheckpointError, match=r"actor/model/\S+ \(listed in manifest.json\) is missing"):
+        PPOTrainer(cfg).fit()
+    (step3 / "manifest.json").unlink()  # as an earlier version wrote it: the readers' own check
     with pytest.raises(CheckpointError, match=r"needs .metadata \(optimizer state\) and model/"):
         PPOTrainer(cfg).fit()
 
@@ -477,6 +481,10 @@ def test_export_writes_the_checkpoint_actor_as_a_huggingface_folder(
     # the checkpoint carries the architecture: a run whose model.path no longer resolves still exports
     state = trainer.run_dir / "checkpoints" / "global_step_1" / "config.yaml"
     state.write_text(state.read_text().replace(str(tiny_model["path"]), "moved/away"))
+    assert main(["export", str(trainer.run_dir), str(tmp_path / "x2")]) == 2  # not as its save wrote it
+    err = capsys.readouterr().err
+    assert f"checkpoint file {state} is " in err and "its save wrote" in err
+    write_manifest(state.parent)  # as a run started from a folder since moved would have saved it
     assert main(["export", str(trainer.run_dir), str(tmp_path / "x2")]) == 0
     again = load_file(tmp_path / "x2" / "model.safetensors")
     assert all(torch.equal(final[k], again[k]) for k in final)
@@ -540,7 +548,8 @@ def test_doctor_says_whether_a_run_resumes_and_what_training_would_refuse(tmp_pa
     assert check.status == "warn" and "will delete" in check.detail
     shutil.rmtree(tmp_path / "run" / "checkpoints" / "global_step_1" / "critic" / "model")
     check = run_dir_check()
-    assert check.status == "fail" and "critic is missing or incomplete" in check.detail
+    assert check.status == "fail" and "critic/model/" in check.detail
+    assert "(listed in manifest.json) is missing" in check.detail
 
 
 def test_overwrite_replaces_runs_only_and_a_failed_start_is_no_run(tmp_path, monkeypatch):

@@ -212,7 +212,7 @@ def test_help_config_lists_every_key_the_unknown_key_error_points_to(capsys):
     assert main(["train", "--help-config"]) == 0
     out = capsys.readouterr().out
     assert (
-        "actor.optim.lr = 1.0e-06  (float >= 0)" in out
+        "actor.optim.lr = 1.0e-06  (float in [0, inf))" in out
         and "reward.custom_function.reward_kwargs = {}  (dict)" in out
     )
     assert "placement.pools = {global: {devices_per_node: 1, nodes: 1}}  (dict)" in out
@@ -223,7 +223,10 @@ def test_help_config_lists_every_key_the_unknown_key_error_points_to(capsys):
     [
         ("actor.optim.grad_clip=0", r"'actor.optim.grad_clip' .* must be > 0 .*0 zeroes every gradient"),
         ("critic.optim.grad_clip=-1", "'critic.optim.grad_clip' .* must be > 0"),
-        ("actor.optim.lr=-1", "'actor.optim.lr' .* must be >= 0, got -1"),
+        (
+            "actor.optim.lr=-1",
+            r"'actor.optim.lr' .* must be in \[0, inf\) \(a finite learning rate\), got -1",
+        ),
         ("actor.optim.betas=[0.9, 0.999, 0.5]", r"betas must be two numbers in \[0, 1\)"),
         ("actor.optim.betas=[2, 3]", r"'actor.optim.betas\[0\]' .* must be in \[0, 1\) .Adam's., got 2"),
         ("actor.optim.warmup_steps=-3", "'actor.optim.warmup_steps' .* must be >= 0 .0: no warm-up., got -3"),

@@ -162,3 +162,14 @@ def test_help_config_prints_each_range(capsys):
 def test_a_malformed_range_is_a_schema_bug_found_at_import(spec):
     with pytest.raises(ValueError, match="Range spec"):
         Range(spec)
+
+
+@pytest.mark.parametrize("key", ["actor.optim.lr", "critic.optim.lr", "actor.optim.weight_decay"])
+def test_an_infinite_learning_rate_is_refused_when_the_config_loads(key):
+    """actor.optim.lr=.inf was refused only after training steps ran (every weight NaN)."""
+    with pytest.raises(RangeError) as info:
+        load_config(None, ["model.path=m", "data.train_files=[x]", f"{key}=.inf"])
+    assert str(info.value).startswith(
+        f"config key '{key}' (from command-line override '{key}=.inf') must be in [0, inf)"
+    )
+    assert str(info.value).endswith("got inf")

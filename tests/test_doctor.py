@@ -159,10 +159,10 @@ def test_model_check_passes_on_a_saved_model_and_counts_its_tensors(tiny_model, 
     check = run_checks.check_model(cfg, tok, str(tiny_model["path"]), "model.path")
     assert check.status == "ok", check
     assert "Qwen2ForCausalLM" in check.detail and "tensors match the architecture" in check.detail
-    # the helper's config asks for 1024 + 16 positions of a model trained on 1024
+    # 1024 + 16 positions of a model trained on 1024: `lucidrl train` refuses it, so doctor fails
     cfg.data.max_prompt_length = 1024
     check = run_checks.check_model(cfg, tok, str(tiny_model["path"]), "model.path")
-    assert check.status == "warn" and "max_position_embeddings=1024" in check.detail
+    assert check.status == "fail" and "max_position_embeddings=1024" in check.detail
 
 
 def test_model_whose_config_disagrees_with_its_weights_fails_naming_the_tensor(tiny_model, tmp_path, kk_data):

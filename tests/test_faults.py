@@ -34,7 +34,7 @@ def _args(tmp_path, model: str, train: str, run: Path, *extra: str) -> list[str]
     return [
         f"model.path={model}",
         f"data.train_files=[{train}]",
-        "data.max_prompt_length=1024",
+        "data.max_prompt_length=1000",
         "data.max_response_length=6",
         "data.train_batch_size=2",
         "rollout.n=2",
@@ -63,10 +63,15 @@ def saved_run(tmp_path_factory, kk_data, tiny_model):
     return {"root": root, "model": model, "run": run, "train": kk_data["train"]}
 
 
-def _damaged(saved_run, tmp_path, damage) -> Path:
-    """A copy of the saved run with `damage(step_2_folder)` done to it; returns the copy's run dir."""
+def _damaged(saved_run, tmp_path, damage, *, manifest: bool = True) -> Path:
+    """A copy of the saved run with `damage(step_2_folder)` done to it; returns the copy's run dir.
+    Without `manifest`, its checkpoints lose their manifest.json, as a lucidrl version before manifests
+    wrote them: the damage then meets the readers themselves."""
     run = tmp_path / "run"
     shutil.copytree(saved_run["run"], run)
+    if not manifest:
+        for file in (run / "checkpoints").glob("global_step_*/manifest.json"):
+            file.unlink()
     damage(run / "checkpoints" / "global_step_2")
     return run
 
@@ -88,7 +93,9 @@ def _truncate(path: Path, size: int = 100) -> None:
 
 @pytest.mark.slow
 def test_a_truncated_distcp_names_the_folder_and_the_checkpoint_before(saved_run, tmp_path):
-    run = _damaged(saved_run, tmp_path, lambda step: _truncate(step / "actor" / "__0_0.distcp", 1000))
+    run = _damaged(
+        saved_run, tmp_path, lambda step: _truncate(step / "actor" / "__0_0.distcp", 1000), manifest=False
+    )
     with pytest.raises(CheckpointError) as info:
         _resume(saved_run, tmp_path, run)
     text = str(info.value)
@@ -99,7 +106,7 @@ def test_a_truncated_distcp_names_the_folder_and_the_checkpoint_before(saved_run
 @pytest.mark.slow
 def test_truncated_checkpoint_weights_name_the_file(saved_run, tmp_path):
     weights = "actor/model/model-00001-of-00001.safetensors"
-    run = _damaged(saved_run, tmp_path, lambda step: _truncate(step / weights))
+    run = _damaged(saved_run, tmp_path, lambda step: _truncate(step / weights), manifest=False)
     with pytest.raises(CheckpointError) as info:
         _resume(saved_run, tmp_path, run)
     text = str(info.value)
@@ -109,7 +116,9 @@ def test_truncated_checkpoint_weights_name_the_file(saved_run, tmp_path):
 
 @pytest.mark.slow
 def test_a_garbage_trainer_state_names_the_file(saved_run, tmp_path):
-    run = _damaged(saved_run, tmp_path, lambda step: (step / "trainer_state.json").write_text("{garbage"))
+    run = _damaged(
+        saved_run, tmp_path, lambda step: (step / "trainer_state.json").write_text("{garbage"), manifest=False
+    )
     with pytest.raises(
         CheckpointError, match=r"cannot read the trainer's state in .*trainer_state.json \(JSONDecodeError"
     ):
@@ -118,7 +127,7 @@ def test_a_garbage_trainer_state_names_the_file(saved_run, tmp_path):
 
 @pytest.mark.slow
 def test_a_missing_rng_file_names_it_before_anything_loads(saved_run, tmp_path):
-    run = _damaged(saved_run, tmp_path, lambda step: (step / "rng.pt").unlink())
+    run = _damaged(saved_run, tmp_path, lambda step: (step / "rng.pt").unlink(), manifest=False)
     with pytest.raises(CheckpointError) as info:
         _resume(saved_run, tmp_path, run)
     assert "rng.pt (the trainer process's RNG state) is missing" in str(info.value)
@@ -145,13 +154,107 @@ def test_a_crafted_rng_file_runs_no_code_on_resume(saved_run, tmp_path, rng_file
         code = EVIL.format(marker=str(marker), path=str(step / rng_file))
         subprocess.run([sys.executable, "-c", code], check=True)  # written as an attacker would
 
-    run = _damaged(saved_run, tmp_path, craft)
+    run = _damaged(saved_run, tmp_path, craft, manifest=False)  # else the manifest refuses it first
     # torch.load(weights_only=False), as before, would run it: the test's payload does work
     with pytest.raises(CheckpointError, match="unpickling it could run code, so it was not loaded"):
         _resume(saved_run, tmp_path, run)
     assert not marker.exists()
     torch.load(run / "checkpoints" / "global_step_2" / rng_file, weights_only=False)
     assert marker.exists()
+
+
+EVIL_METADATA = """
+import pathlib, pickle
+
+class Payload:
+    def __reduce__(self):  # what unpickling runs
+        return (pathlib.Path.touch, (pathlib.Path({marker!r}),))
+
+pathlib.Path({path!r}).write_bytes(pickle.dumps(Payload()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("manifest", ["kept", "rewritten", "absent"])
+def test_a_metadata_file_replaced_by_a_pickle_runs_no_code_on_resume(saved_run, tmp_path, manifest):
+    """torch.distributed.checkpoint unpickles `.metadata`: the manifest refuses a replaced one, and
+    with the manifest rewritten to match (or gone, as in checkpoints of older versions) the file is
+    read with an unpickler that calls nothing but DCP's metadata classes."""
+    from lucidrl.workers.training.checkpoint_files import write_manifest
+
+    marker = tmp_path / "pwned"
+    metadata = "actor/.metadata"
+
+    def craft(step):
+        code = EVIL_METADATA.format(marker=str(marker), path=str(step / metadata))
+        subprocess.run([sys.executable, "-c", code], check=True)
+        if manifest == "rewritten":
+            write_manifest(step)
+        elif manifest == "absent":
+            (step / "manifest.json").unlink()
+
+    run = _damaged(saved_run, tmp_path, craft)
+    file = run / "checkpoints" / "global_step_2" / metadata
+    with pytest.raises(CheckpointError) as info:
+        _resume(saved_run, tmp_path, run)
+    text = str(info.value)
+    if manifest == "kept":
+        assert text.startswith(f"checkpoint file {file} is ") and "its save wrote" in text
+    else:
+        assert text.startswith(
+            f"{file} is not torch.distributed.checkpoint metadata: it names global 'pathlib.Path.touch', "
+            "which unpickling would call, so it was not loaded"
+        )
+    assert _earlier(run) in text and not marker.exists()
+    import pickle
+
+    pickle.loads(file.read_bytes())  # the payload does work: torch's reader would have run it
+    assert marker.exists()
+
+
+@pytest.mark.slow
+def test_a_checkpoint_file_changed_added_or_truncated_is_named_by_the_manifest(saved_run, tmp_path, caplog):
+    step2 = Path("checkpoints") / "global_step_2"
+
+    def flip(step):  # same size, other bytes
+        file = step / "actor" / "__0_0.distcp"
+        data = bytearray(file.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        file.write_bytes(bytes(data))
+
+    run = _damaged(saved_run, tmp_path, flip)
+    with pytest.raises(CheckpointError) as info:
+        _resume(saved_run, tmp_path, run)
+    assert str(info.value).startswith(
+        f"checkpoint file {run / step2 / 'actor' / '__0_0.distcp'} has other contents than its save wrote"
+    )
+    assert _earlier(run) in str(info.value)
+    shutil.rmtree(run)
+    run = _damaged(saved_run, tmp_path, lambda step: (step / "actor" / "extra.distcp").write_bytes(b"x"))
+    with pytest.raises(CheckpointError, match=r"extra.distcp is not one its save wrote \(it is not in "):
+        _resume(saved_run, tmp_path, run)
+    shutil.rmtree(run)
+    run = _damaged(saved_run, tmp_path, lambda step: _truncate(step / "actor" / ".metadata", 10))
+    with pytest.raises(CheckpointError, match=r"actor/.metadata is 10 bytes and its save wrote \d+: it was"):
+        _resume(saved_run, tmp_path, run)
+    shutil.rmtree(run)
+    # the same truncated .metadata in a checkpoint without a manifest: named by the metadata check
+    run = _damaged(
+        saved_run, tmp_path, lambda step: _truncate(step / "actor" / ".metadata", 10), manifest=False
+    )
+    with pytest.raises(CheckpointError) as info:
+        _resume(saved_run, tmp_path, run)
+    assert str(info.value).startswith(
+        "cannot read the index of the optimizer state and LR schedule (torch.distributed.checkpoint metadata) "
+        f"in {run / step2 / 'actor' / '.metadata'} (UnpicklingError: pickle data was truncated): the file is"
+    )
+    shutil.rmtree(run)
+    # an intact checkpoint of a version before manifests resumes, with a warning
+    run = _damaged(saved_run, tmp_path, lambda step: None, manifest=False)
+    with caplog.at_level("WARNING"):
+        trainer = _resume(saved_run, tmp_path, run)
+    assert trainer.global_step == 2
+    assert "has no manifest.json (written by a lucidrl version before checkpoints had one)" in caplog.text
 
 
 @pytest.mark.slow
@@ -528,3 +631,138 @@ def test_sigterm_while_a_run_is_set_up_stops_it_with_a_word_and_143(capsys):
     finally:
         version.run = real
     assert capsys.readouterr().err == "lucidrl: interrupted (Ctrl-C)\n"
+
+
+def test_lengths_past_the_models_positions_are_refused_before_any_data_loads(tmp_path, kk_data, tiny_model):
+    """1024 + 6 tokens on a 1024-position model, and a 64-position model with the default lengths, were
+    trained on (positions the model never learned)."""
+    from lucidrl.config.errors import ConfigError
+    from lucidrl.trainer import setup
+
+    run = tmp_path / "run"
+    args = _args(tmp_path, str(tiny_model["path"]), kk_data["train"], run, "data.max_prompt_length=1024")
+    with pytest.raises(ConfigError) as info:
+        setup.load_data(load_config(None, args), None)  # refused before the tokenizer is used
+    assert str(info.value).startswith(
+        "data.max_prompt_length + data.max_response_length = 1024 + 6 = 1030 tokens is more than the 1024 "
+        f"positions of the model at model.path='{tiny_model['path']}' (max_position_embeddings in its config.json)"
+    )
+    assert "lower data.max_prompt_length to at most 1018" in str(info.value)
+    small = tmp_path / "small"
+    shutil.copytree(tiny_model["path"], small)
+    conf = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps({**conf, "max_position_embeddings": 64}))
+    plain = [a for a in args if not a.startswith(("data.max_", "model.path"))]
+    with pytest.raises(
+        ConfigError,
+        match=r"= 512 \+ 256 = 768 tokens is more than the 64 positions.*lower data.max_response_length below 64",
+    ):
+        setup.load_data(load_config(None, [*plain, f"model.path={small}"]), None)
+    setup.check_positions(load_config(None, [*args, "data.max_prompt_length=1018"]))  # fits: no error
+
+
+def _rows_file(tmp_path, kk_data, name: str, change) -> str:
+    rows = pq.read_table(kk_data["train"]).to_pylist()[:4]
+    change(rows)
+    path = tmp_path / f"{name}.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+def test_a_ground_truth_the_rule_cannot_score_is_found_at_load_for_every_row(
+    tmp_path, kk_data, tiny_tokenizer
+):
+    """A None, NaN or wrong-shaped ground truth failed only when its sample was first scored."""
+    from lucidrl.rewards.registry import GroundTruthError
+    from lucidrl.trainer import setup
+
+    def none_in_row_2(rows):
+        rows[2]["reward_model"] = {**rows[2]["reward_model"], "solution_text_format": None}
+        for r in rows:  # the ground truth column as Logic-RL's files hold it: the solution text
+            r["reward_model"] = {"style": "rule", "ground_truth": r["reward_model"]["ground_truth"]}
+        rows[2]["reward_model"]["ground_truth"] = None
+
+    bad = _rows_file(tmp_path, kk_data, "kk_none", none_in_row_2)
+    args = _args(tmp_path, "unused", bad, tmp_path / "run", "data.max_prompt_length=512")
+    plain = [a for a in args if not a.startswith("reward.custom_function")]  # the built-in rules
+    with pytest.raises(GroundTruthError) as info:
+        setup.load_data(load_config(None, plain), tiny_tokenizer)
+    text = str(info.value)
+    assert text.startswith(
+        "data.train_files: reward_model.ground_truth that the built-in rule cannot score: data_source 'kk_logic': "
+        f"1 rows, the first {bad} row 2 with ground_truth 'None' (K&K ground truth of type NoneType"
+    )
+    assert "nothing was trained" in text
+
+    def gsm8k(rows):
+        for i, r in enumerate(rows):
+            r["data_source"] = "openai/gsm8k"
+            r["reward_model"] = {"style": "rule", "ground_truth": float("nan") if i == 1 else 72.0}
+
+    bad = _rows_file(tmp_path, kk_data, "gsm8k_nan", gsm8k)
+    with pytest.raises(
+        GroundTruthError, match=r"'openai/gsm8k': 4 rows, the first .*row 0 with ground_truth '72.0' \(GSM8K"
+    ):
+        setup.load_data(load_config(None, [*plain, f"data.train_files=[{bad}]"]), tiny_tokenizer)
+    # with a function of the user's, the rows are its to read
+    setup.load_data(load_config(None, [*args[:1], *args[2:], f"data.train_files=[{bad}]"]), tiny_tokenizer)
+
+
+def test_prompts_that_are_not_utf8_text_are_named_at_load(tmp_path, kk_data, tiny_tokenizer):
+    """Invalid UTF-8 bytes in a prompt were read (a raw UnicodeDecodeError, or U+FFFD trained on)."""
+    from lucidrl.data.dataset import load_prompts
+
+    rows = pq.read_table(kk_data["train"]).to_pylist()[:3]
+    content = rows[1]["prompt"][0]["content"]
+    # a string column holding latin-1 bytes: pyarrow stores them, and raises UnicodeDecodeError when read
+    prompts = pa.array(
+        [r["prompt"][0]["content"].encode() for r in rows[:1]] + [content.encode()[:10] + b"caf\xe9 au lait"]
+    )
+    table = pa.table({"prompt": prompts.view(pa.string()), "data_source": ["kk_logic"] * 2,
+                      "reward_model": [r["reward_model"] for r in rows[:2]]})  # fmt: skip
+    latin = tmp_path / "latin1.parquet"
+    pq.write_table(table, latin)
+    with pytest.raises(DatasetError) as info:
+        load_prompts([str(latin)], tiny_tokenizer, max_prompt_length=1000)
+    assert str(info.value).startswith(
+        f"data.train_files: '{latin}' row 1, column 'prompt', holds bytes that are not UTF-8 text (invalid "
+        "continuation byte at byte 13"
+    )
+    # the same text decoded with errors="replace" before it was written: U+FFFD where the bytes were
+    rows[2]["prompt"][0]["content"] = content[:10] + b"caf\xe9 au lait".decode("utf-8", errors="replace")
+    replaced = tmp_path / "replaced.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), replaced)
+    with pytest.raises(
+        DatasetError,
+        match=rf"{replaced} row 2: column 'prompt' holds the replacement character U\+FFFD at character 13",
+    ):
+        load_prompts([str(replaced)], tiny_tokenizer, max_prompt_length=1000)
+
+
+def test_a_binary_config_file_a_directory_and_a_garbage_latest_are_named(tmp_path):
+    """A binary config file gave a raw UnicodeDecodeError, a directory "does not exist", and a
+    checkpoints/latest holding garbage a traceback about another file."""
+    from lucidrl.config import ConfigError
+
+    binary = tmp_path / "model.safetensors"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe" + bytes(range(256)))
+    with pytest.raises(
+        ConfigError, match=rf"config file '{binary}' is not text \(invalid start byte at byte 0\)"
+    ):
+        load_config(binary, [])
+    with pytest.raises(
+        ConfigError, match=rf"config file '{tmp_path}' is a directory; give the YAML file in it"
+    ):
+        load_config(tmp_path, [])
+    root = tmp_path / "run" / "checkpoints"
+    (root / "global_step_1").mkdir(parents=True)
+    (root / "global_step_1" / "trainer_state.json").write_text("{}")
+    for garbage in (b"\x00\xff\xfe garbage", b"../../etc"):
+        (root / "latest").write_bytes(garbage)
+        with pytest.raises(CheckpointError) as info:
+            checkpoint.latest_checkpoint(tmp_path / "run")
+        text = str(info.value)
+        assert text.startswith(
+            f"{root / 'latest'} should hold the name of the newest checkpoint (global_step_N)"
+        )
+        assert "['global_step_1']" in text and "delete it to have the newest found" in text

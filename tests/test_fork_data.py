@@ -184,7 +184,7 @@ def test_logic_rl_files_train_and_evaluate_with_the_per_people_table(
         f"data.train_files=[{tmp_path / 'train.parquet'}]",
         f"data.val_files=[{tmp_path / 'test.parquet'}]",
         "data.train_batch_size=2",
-        "data.max_prompt_length=2048",
+        "data.max_prompt_length=1000",
         "data.max_response_length=8",
         "actor.ppo_mini_batch_size=2",
         "actor.ppo_micro_batch_size=4",

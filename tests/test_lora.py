@@ -155,7 +155,7 @@ def test_lora_on_two_ray_ranks_matches_one_process(tmp_path, kk_data, stopping_m
             "model.lora_rank=8",
             f"data.train_files=[{kk_data['train']}]",
             "data.val_files=[]",
-            "data.max_prompt_length=1024",
+            "data.max_prompt_length=1000",
             "data.max_response_length=10",
             "data.train_batch_size=4",
             "rollout.n=4",

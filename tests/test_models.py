@@ -292,7 +292,7 @@ def test_a_critic_of_another_vocabulary_is_refused_naming_critic_model_path(
             f"critic.model_path={small['path']}",
             "algorithm.adv_estimator=gae",
             f"data.train_files=[{kk_data['train']}]",
-            "data.max_prompt_length=1024",
+            "data.max_prompt_length=1000",
             f"trainer.run_dir={tmp_path / 'run'}",
         ],
     )

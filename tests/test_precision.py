@@ -143,7 +143,7 @@ def test_training_with_bf16_compute_never_takes_the_rollouts_log_probs(
     args = [
         *toy_train_args(tmp_path, kk_data, tiny_model),
         "model.compute_dtype=bfloat16",
-        "data.max_prompt_length=1024",
+        "data.max_prompt_length=1000",
         "data.max_response_length=12",
         "data.train_batch_size=4",
         "rollout.n=4",
@@ -214,7 +214,7 @@ def test_the_old_log_prob_pass_still_runs_where_the_update_cannot_replace_it(tmp
     the old log-probs, not a dropped-out one)."""
     base = [
         *toy_train_args(tmp_path, kk_data, tiny_model),
-        "data.max_prompt_length=1024",
+        "data.max_prompt_length=1000",
         "data.max_response_length=8",
         "data.train_batch_size=4",
         "rollout.n=2",

@@ -80,7 +80,7 @@ def test_a_run_whose_every_reward_fails_under_mask_trains_nothing_and_says_so(
         [
             f"model.path={tiny_model['path']}",
             f"data.train_files=[{kk_data['train']}]",
-            "data.max_prompt_length=1024",
+            "data.max_prompt_length=1000",
             "data.max_response_length=6",
             "data.train_batch_size=2",
             "rollout.n=2",

@@ -219,10 +219,19 @@ def parse_config(
         assignments = [_lucid_override(text, schema) for text in items]
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(
+                f"config file '{path}' is a directory; give the YAML file in it (e.g. {path / 'config.yaml'})"
+            )
         if not path.is_file():
             raise ConfigError(f"config file '{path}' does not exist")
         try:
-            data = yaml.load(path.read_text(), Loader=UniqueKeyLoader) or {}
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"config file '{path}' is not text ({e.reason} at byte {e.start}): a config is a YAML text file; "
+                "was another file (a checkpoint, a parquet or model file) given in its place?"
+            ) from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from e
         _apply(cfg, data, "", f"file {path}")

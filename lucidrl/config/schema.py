@@ -273,8 +273,9 @@ class RolloutConfig:
 
 @dataclass
 class OptimConfig:
-    lr: NonNegFloat = 1e-6  # AdamW's learning rate (after warm-up)
-    weight_decay: NonNegFloat = 0.0  # AdamW's decoupled weight decay
+    # AdamW's learning rate (after warm-up); .inf would make every weight NaN at the first step
+    lr: Annotated[float, Range("[0, inf)", "a finite learning rate")] = 1e-6
+    weight_decay: Annotated[float, Range("[0, inf)")] = 0.0  # AdamW's decoupled weight decay
     # AdamW's two betas
     betas: list[Annotated[float, Range("[0, 1)", "Adam's")]] = field(default_factory=lambda: [0.9, 0.999])
     # linear learning-rate warm-up: step k of it at lr * k / warmup_steps. Counted in RL steps for the

@@ -90,6 +90,58 @@ def read_table(file: str, what: str) -> Any:
     return table
 
 
+def table_rows(table: Any, file: str, what: str) -> list[dict[str, Any]]:
+    """A table's rows as dicts; DatasetError naming the row, the column and the byte for a string that is
+    not UTF-8 (parquet's strings must be, but a writer can store any bytes as one), where pyarrow raises
+    a UnicodeDecodeError that names neither."""
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    for column in table.column_names:
+        for i in range(table.num_rows):
+            try:
+                table.column(column).slice(i, 1).to_pylist()
+            except UnicodeDecodeError as exc:
+                raise DatasetError(
+                    f"{what}: '{file}' row {i}, column '{column}', holds bytes that are not UTF-8 text ({exc.reason} "
+                    f"at byte {exc.start}: {exc.object[max(0, exc.start - 20) : exc.start + 4]!r}); the file was "
+                    "written from text in another encoding (latin-1, cp1252, ...): decode it with that encoding and "
+                    "write the file again, or drop the row"
+                ) from None
+    raise AssertionError("unreachable: a UnicodeDecodeError in no column")  # pragma: no cover
+
+
+REPLACEMENT = "\ufffd"  # what a decoder writes for bytes that were not text in its encoding
+
+
+def check_text(value: Any, where: str, prompt_key: str) -> None:
+    """DatasetError for prompt text the model would be trained on as something other than what was meant:
+    bytes (a binary column: the chat template renders "b'...'"), or U+FFFD, the mark of bytes that were not
+    UTF-8 when the text was decoded (errors="replace"): the original characters are lost."""
+    if isinstance(value, bytes):
+        raise DatasetError(
+            f"{where}: column '{prompt_key}' holds bytes ({value[:40]!r}), not text: write the prompts as strings "
+            "(decoded with their encoding), or the chat template renders them as b'...'"
+        )
+    if isinstance(value, str):
+        at = value.find(REPLACEMENT)
+        if at >= 0:
+            raise DatasetError(
+                f"{where}: column '{prompt_key}' holds the replacement character U+FFFD at character {at} "
+                f"({value[max(0, at - 30) : at + 10]!r}): bytes that were not valid UTF-8 were replaced when the "
+                "text was decoded, and the characters they stood for are lost; decode the source with its real "
+                "encoding and write the file again, or drop the row"
+            )
+        return
+    if isinstance(value, dict):
+        for v in value.values():
+            check_text(v, where, prompt_key)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            check_text(v, where, prompt_key)
+
+
 def load_prompts(
     files: list[str],
     tokenizer: Any,
@@ -122,10 +174,11 @@ def load_prompts(
                     f"rows need data_source, {prompt_key} (chat messages) and reward_model.ground_truth"
                     + (f" — or set {prompt_key_option} to the prompt column" if col == prompt_key else "")
                 )
-        rows = table.to_pylist()
+        rows = table_rows(table, file, what)
         for i, row in enumerate(rows):
             where = f"{file} row {i}"
             report.total_rows += 1
+            check_text(row[prompt_key], where, prompt_key)
             prompt = render_prompt(
                 tokenizer,
                 row[prompt_key],

@@ -119,9 +119,9 @@ def check_model(cfg: Any, tokenizer: Any, path: str, key: str) -> Check:
     if info.max_positions is not None and length > info.max_positions:
         return Check(
             name,
-            "warn",
+            "fail",
             detail + f": data.max_prompt_length + data.max_response_length = {length} is more than the "
-            f"model's max_position_embeddings={info.max_positions}",
+            f"model's max_position_embeddings={info.max_positions} (`lucidrl train` refuses it)",
             "lower the lengths; positions past the model's range were never trained",
         )
     if info.converted:
@@ -246,7 +246,12 @@ def check_reward_model(cfg: Any, policy_tokenizer: Any) -> Check:
 def check_rewards(cfg: Any, samples: list) -> Check:
     from lucidrl.rewards.custom import load_custom_function, normalize_reward_output
     from lucidrl.rewards.manager import RewardFunctionError
-    from lucidrl.rewards.registry import _qualname, default_compute_score, get_reward_function
+    from lucidrl.rewards.registry import (
+        _qualname,
+        check_ground_truths,
+        default_compute_score,
+        get_reward_function,
+    )
 
     fn_cfg = cfg.reward.custom_function
     if fn_cfg.reward_kwargs and not fn_cfg.path:
@@ -260,6 +265,8 @@ def check_rewards(cfg: Any, samples: list) -> Check:
     for s in samples:
         first.setdefault(s.data_source, s)
         counts[s.data_source] = counts.get(s.data_source, 0) + 1
+    if not custom:  # every row's ground truth, as `lucidrl train` checks it at load
+        check_ground_truths(((s.data_source, s.ground_truth, s.source) for s in samples), "data")
     parts = []
     for ds, s in first.items():
         # UnknownDataSourceError names the known data sources and the fix

@@ -28,6 +28,10 @@ class UnknownDataSourceError(UserError, ValueError):
     """No reward function is registered for a row's data_source (the message lists the known ones)."""
 
 
+class GroundTruthError(UserError, ValueError):
+    """A row's reward_model.ground_truth that its data_source's built-in rule cannot score."""
+
+
 REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {
     **dict.fromkeys(kk.KK_SOURCES, kk.compute_score),
     "openai/gsm8k": gsm8k.compute_score,
@@ -102,6 +106,74 @@ def check_data_sources(rows: Iterable[tuple[str, str]], what: str) -> None:
     raise UnknownDataSourceError(
         f"{what}: no reward function for data_source {listed}. {_what_to_do(unknown[0])} "
         "(Every row is checked before the first step: nothing was trained.)"
+    )
+
+
+def _finite_number(ground_truth: Any) -> float:
+    value = float(ground_truth)  # a TypeError or ValueError for None, a list, "abc"
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"the ground truth must be a finite number, got {ground_truth!r}")
+    return value
+
+
+def _whole_number(ground_truth: Any) -> int:
+    value = _finite_number(ground_truth)
+    if not value.is_integer():
+        raise ValueError(f"the ground truth must be a whole number, got {ground_truth!r}")
+    return int(value)
+
+
+def _answer_text(ground_truth: Any) -> str:
+    if ground_truth is None or isinstance(ground_truth, float) and ground_truth != ground_truth:
+        raise ValueError(f"the ground truth must be the answer, got {ground_truth!r}")
+    if isinstance(ground_truth, (list, dict, tuple)):
+        raise ValueError(f"the ground truth must be the answer as text or a number, got {ground_truth!r}")
+    return str(ground_truth)
+
+
+# how each built-in rule reads a ground truth: a ValueError or TypeError where it would fail or score
+# nonsense, found for every row when the data loads (check_ground_truths) instead of at the first sample
+GROUND_TRUTH_CHECKS: dict[Callable[..., Any], Callable[[Any], Any]] = {
+    kk.compute_score: kk.parse_ground_truth,
+    gsm8k.compute_score: gsm8k.check_ground_truth,
+    math.compute_score: math.check_ground_truth,
+    math_dapo.compute_score: math_dapo.check_ground_truth,
+    countdown.compute_score: countdown.check_ground_truth,
+    word_problems.compute_score: _finite_number,
+    arithmetic.compute_score: _answer_text,
+    guess_number.compute_score: _whole_number,
+}
+
+
+def check_ground_truths(rows: Iterable[tuple[str, Any, str]], what: str) -> None:
+    """GroundTruthError unless every row's ground truth is one its data_source's built-in rule can score;
+    `rows` are (data_source, ground_truth, where) triples, `what` the config key of their files.
+
+    Run before the first step, on every row, as check_data_sources is: a None, NaN or wrong-shaped ground
+    truth was found only when its sample was scored. Rows of a data_source without a rule, or of a
+    function registered by the user, are not checked here."""
+    bad: dict[str, tuple[str, Any, str]] = {}
+    counts: dict[str, int] = {}
+    for data_source, ground_truth, where in rows:
+        fn = _lookup(data_source)
+        check = GROUND_TRUTH_CHECKS.get(fn) if fn is not None else None
+        if check is None:
+            continue
+        try:
+            check(ground_truth)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            bad.setdefault(data_source, (where, ground_truth, str(exc).strip().splitlines()[0][:300]))
+            counts[data_source] = counts.get(data_source, 0) + 1
+    if not bad:
+        return
+    listed = "; ".join(
+        f"data_source {ds!r}: {counts[ds]} rows, the first {where} with ground_truth {str(gt)[:80]!r} ({why})"
+        for ds, (where, gt, why) in bad.items()
+    )
+    raise GroundTruthError(
+        f"{what}: reward_model.ground_truth that the built-in rule cannot score: {listed}. Write the ground "
+        "truth as the rule reads it (docs/rewards.md), drop those rows, or score them with a function of your own "
+        "(reward.custom_function.path). (Every row is checked before the first step: nothing was trained.)"
     )
 
 

@@ -12,15 +12,18 @@ A checkpoint is `RUN_DIR/checkpoints/global_step_N/`:
     rng.pt                 the trainer process's torch and Python RNG states
     rng/GROUP_rank_R.pt    each worker rank's, per worker group (with Ray, its own process; sampling draws from it)
     config.yaml            the config the run had when it saved
+    manifest.json          every file above, its size and sha256 (written last)
 
 It is written under a `.tmp` name and renamed when complete; `checkpoints/latest` names the newest
 complete one, so a run killed mid-save resumes from the one before; a save that fails (a full disk)
 removes its `.tmp` folder and says what to free (trainer/save_failure.py). Resuming restores all of the
 above in every worker group, then refuses if a key that gives the saved state its meaning changed
 (FROZEN_KEYS, SFT_FROZEN_KEYS) and lists the keys that changed otherwise. A file that cannot be read
-is an error naming it and the earlier checkpoints (workers/training/checkpoint_files.py); RNG files are read
-as tensors and numbers only, but torch.distributed.checkpoint unpickles `.metadata`: resume only
-checkpoints from a source you trust.
+is an error naming it and the earlier checkpoints (workers/training/checkpoint_files.py). Before any file
+is read, every file is checked against manifest.json (a file missing, added, resized or changed is
+refused, naming it) and each `.metadata` pickle is read with an unpickler that builds DCP's metadata
+classes only, so a replaced one cannot run code when torch's reader unpickles it; RNG files are read as
+tensors and numbers only, weights as safetensors.
 """
 
 from __future__ import annotations
@@ -41,7 +44,13 @@ from lucidrl.config import flat_keys
 from lucidrl.models.saving import fsync_dir, fsync_tree
 from lucidrl.trainer.save_failure import removed_on_failure
 from lucidrl.workers.common.rng import process_rng_state
-from lucidrl.workers.training.checkpoint_files import damaged, missing, read_json
+from lucidrl.workers.training.checkpoint_files import (
+    damaged,
+    missing,
+    read_json,
+    verify_checkpoint,
+    write_manifest,
+)
 from lucidrl.workers.training.train_state import CheckpointError, check_train_state, restore_rng_file
 
 log = logging.getLogger(__name__)
@@ -111,7 +120,18 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         )
         point_latest(newest)
         return newest
-    path = root / pointer.read_text().strip()
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        name = f"<unreadable: {type(exc).__name__}>"
+    if not name.startswith(PREFIX) or "/" in name or "\\" in name or not name.removeprefix(PREFIX).isdigit():
+        raise CheckpointError(
+            f"{pointer} should hold the name of the newest checkpoint ({PREFIX}N) and holds {name[:60]!r}: it was "
+            f"overwritten; write the newest complete one's name into it (among "
+            f"{sorted(p.name for p in _step_folders(root))}), or delete it to have the newest found, or resume "
+            "from one with trainer.resume_mode=resume_path and trainer.resume_from_path"
+        )
+    path = root / name
     replaced = path.with_name(path.name + ".old")
     if not path.exists() and (replaced / STATE).is_file():
         # a save of the same step killed between commit's two renames: the checkpoint it replaced comes back
@@ -237,6 +257,7 @@ def commit(tmp: Path, keep: int | None) -> Path:
         if replaced.exists():
             shutil.rmtree(replaced)
         os.rename(final, replaced)
+    write_manifest(tmp)  # the size and hash of every file, checked before a resume reads any
     fsync_tree(tmp)  # every shard on disk before the folder is complete by name
     os.rename(tmp, final)
     point_latest(final)
@@ -309,7 +330,9 @@ def resumable(
 ) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
     """(trainer state, config changes worth announcing) of resuming a `kind` run ("rl" or "sft") from
     `path` with `config`; refuses (CheckpointError) another command's checkpoint, a file missing or
-    unreadable, or a change to a key the saved state depends on."""
+    unreadable, or a change to a key the saved state depends on. Every file is first checked against
+    the checkpoint's manifest, before any reader opens it (verify_checkpoint)."""
+    verify_checkpoint(path)
     state = read_state(path)
     saved = state.get("kind", "rl")
     if saved != kind:

@@ -22,7 +22,7 @@ from lucidrl.data.dataset import DatasetError, PromptSample, collate, load_promp
 from lucidrl.diagnostics.errors import UsageError
 from lucidrl.rewards.kk import people_count
 from lucidrl.rewards.manager import RuleRewardManager
-from lucidrl.rewards.registry import check_data_sources
+from lucidrl.rewards.registry import check_data_sources, check_ground_truths
 from lucidrl.workers.rollout.engine import SamplingParams
 from lucidrl.workers.rollout.hf_engine import HFRollout
 from lucidrl.workers.rollout.stop_rule import STOPPED_FIELD
@@ -217,6 +217,7 @@ def evaluate(
     reward = RuleRewardManager.from_config(tokenizer, path or None, name or "compute_score")
     if not path:  # the built-in rules: every row's data_source needs one, checked before generating
         check_data_sources(((s.data_source, row_of(s)) for s in samples), "--data")
+        check_ground_truths(((s.data_source, s.ground_truth, row_of(s)) for s in samples), "--data")
     modes = {
         "greedy": SamplingParams(n=1, do_sample=False, max_new_tokens=max_new_tokens, stop_regex=stop_regex)
     }

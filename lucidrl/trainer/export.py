@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lucidrl.trainer.checkpoint import check_checkpoint, read_config, read_state
+from lucidrl.workers.training.checkpoint_files import verify_checkpoint
 from lucidrl.workers.training.train_state import CheckpointError
 
 
@@ -23,6 +24,7 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     from lucidrl.workers.training.train_state import WEIGHTS
 
     ckpt = check_checkpoint(path, key="CHECKPOINT")
+    verify_checkpoint(ckpt)  # every file as its save wrote it, before any is read
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         if not overwrite:

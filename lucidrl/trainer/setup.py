@@ -17,6 +17,8 @@ import torch
 import yaml
 
 from lucidrl.config import LucidConfig, to_dict
+from lucidrl.config.engines import model_max_positions
+from lucidrl.config.errors import ConfigError
 from lucidrl.config.placement import plan_groups
 from lucidrl.controller.worker_group import LocalWorkerGroup, RayWorkerGroup, WorkerGroup, ensure_ray
 from lucidrl.data.dataset import FilterReport, PromptSample, load_prompts, row_of
@@ -24,7 +26,7 @@ from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.models import load_run_tokenizer
 from lucidrl.rewards.manager import RuleRewardManager
-from lucidrl.rewards.registry import check_data_sources
+from lucidrl.rewards.registry import check_data_sources, check_ground_truths
 from lucidrl.trainer import run_status
 from lucidrl.trainer.rewards import ModelRewardScorer
 from lucidrl.workers.policy import PolicyWorker
@@ -178,7 +180,9 @@ def load_data(
     cfg: LucidConfig, tokenizer, *, check_rewards: bool = True
 ) -> tuple[list[PromptSample], list[PromptSample], FilterReport]:
     """The train and val prompts; with `check_rewards`, every row's data_source must have a built-in
-    rule (when those score the run): `lucidrl doctor` checks that in a check of its own."""
+    rule (when those score the run), and a ground truth that rule can score: `lucidrl doctor` checks
+    that in a check of its own. Before any file is read, the lengths must fit the model (check_positions)."""
+    check_positions(cfg)
     d = cfg.data
     train, report = load_prompts(
         d.train_files,
@@ -212,7 +216,32 @@ def load_data(
         # the built-in rules pick a function by data_source: every row needs one, found before the first step
         for samples, what in ((train, "data.train_files"), (val, "data.val_files")):
             check_data_sources(((s.data_source, row_of(s)) for s in samples), what)
+            check_ground_truths(((s.data_source, s.ground_truth, row_of(s)) for s in samples), what)
     return train, val, report
+
+
+def check_positions(cfg: LucidConfig) -> None:
+    """ConfigError when a prompt and its response may together pass the policy model's positions
+    (max_position_embeddings in model.path's config.json): the model would generate and be trained at
+    positions it never learned, silently (vLLM refuses such a max_model_len, later)."""
+    d = cfg.data
+    positions = model_max_positions(cfg.model.path)
+    length = d.max_prompt_length + d.max_response_length
+    if not isinstance(positions, int) or length <= positions:
+        return
+    room = positions - d.max_response_length
+    lower = (
+        f"lower data.max_prompt_length to at most {room} (data.filter_overlong_prompts=true or data.truncation "
+        "drop or cut longer prompts), or data.max_response_length"
+        if room > 0
+        else f"lower data.max_response_length below {positions} and data.max_prompt_length with it"
+    )
+    raise ConfigError(
+        f"data.max_prompt_length + data.max_response_length = {d.max_prompt_length} + {d.max_response_length} = "
+        f"{length} tokens is more than the {positions} positions of the model at model.path={cfg.model.path!r} "
+        f"(max_position_embeddings in its config.json): a sample that long would be generated and trained at "
+        f"positions the model never learned; {lower}, or use a model with more positions"
+    )
 
 
 def uses_rule_rewards(cfg: LucidConfig) -> bool:

@@ -8,13 +8,18 @@ the earlier complete checkpoints to resume from instead.
 
 RNG state files are read with `torch.load(weights_only=True)`: tensors, numbers, tuples and dicts
 only, so a crafted `rng.pt` cannot run code when a run resumes. PyTorch's distributed checkpoint
-reader still unpickles each role's `.metadata` (torch offers no other reader): a checkpoint must
-come from a source you trust, as any pickle must.
+reader unpickles each role's `.metadata`; before it does, `verify_checkpoint` checks every file
+against the manifest the save wrote (`manifest.json`: each file's size and sha256) and reads each
+`.metadata` with an unpickler that builds DCP's own metadata classes and nothing else, so a file
+replaced by a pickle that runs code is refused, naming it, before torch's reader opens it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import pickle
 import re
 from pathlib import Path
@@ -23,6 +28,8 @@ from typing import Any
 import torch
 
 from lucidrl.diagnostics.errors import UserError
+
+log = logging.getLogger(__name__)
 
 STEP_FOLDER = re.compile(r"global_step_(\d+)")
 STATE = "trainer_state.json"  # what marks a step folder as a complete checkpoint
@@ -173,3 +180,143 @@ def check_saved_shapes(weights: Path, expected: dict[str, torch.Size], key: str 
         f"Put back the model the run started from, or start a new run from the checkpoint's weights "
         f"({key}={weights} with another trainer.experiment_name)"
     )
+
+
+MANIFEST = "manifest.json"  # every file of a checkpoint, its size and sha256, written when the save ends
+METADATA = ".metadata"  # torch.distributed.checkpoint's index of a role's state: a pickle
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file under `folder` (relative, '/'-separated, sorted), the manifest left out."""
+    found = []
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            rel = (Path(root) / name).relative_to(folder).as_posix()
+            if rel != MANIFEST:
+                found.append(rel)
+    return sorted(found)
+
+
+def write_manifest(folder: Path) -> None:
+    """`folder`/manifest.json: the size and sha256 of every file in the checkpoint `folder`, which
+    `verify_checkpoint` checks before anything of the checkpoint is read again."""
+    files = {
+        rel: {"size": (folder / rel).stat().st_size, "sha256": _sha256(folder / rel)}
+        for rel in _files(folder)
+    }
+    (folder / MANIFEST).write_text(json.dumps({"version": 1, "files": files}, indent=1) + "\n")
+
+
+def verify_checkpoint(path: Path) -> None:
+    """CheckpointError, naming the file, unless every file of the checkpoint folder `path` is as its
+    save wrote it (manifest.json: no file missing, added, resized or changed) and every `.metadata`
+    holds DCP's metadata classes only. Run before any reader, torch's included, opens a file of it.
+
+    A checkpoint written before lucidrl wrote manifests is resumed with a warning (its `.metadata`
+    files are still checked)."""
+    manifest = path / MANIFEST
+    if manifest.is_file():
+        _check_manifest(path, read_json(manifest, "the list of the checkpoint's files and their hashes"))
+    else:
+        log.warning(
+            "%s has no %s (written by a lucidrl version before checkpoints had one): its files cannot be "
+            "checked against what the save wrote; resuming it as it is",
+            path,
+            MANIFEST,
+        )
+    for metadata in sorted(path.rglob(METADATA)):
+        check_dcp_metadata(metadata)
+
+
+def _check_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("size"), int) and isinstance(v.get("sha256"), str)
+        for v in files.values()
+    ):
+        raise damaged(
+            path / MANIFEST,
+            "the list of the checkpoint's files",
+            ValueError("no 'files' of sizes and hashes"),
+        )
+    present = set(_files(path))
+    for rel in sorted(present - set(files)):
+        raise CheckpointError(
+            f"checkpoint file {path / rel} is not one its save wrote (it is not in {path / MANIFEST}): a file "
+            f"was added to the checkpoint after it was saved, and lucidrl reads no file it cannot check; "
+            f"remove it, or {way_out(path)}"
+        )
+    for rel in sorted(files):  # sizes of all first (cheap), then the hashes
+        if rel not in present:
+            raise missing(path / rel, f"listed in {MANIFEST}")
+        size = (path / rel).stat().st_size
+        if size != files[rel]["size"]:
+            raise _altered(path / rel, f"is {size} bytes and its save wrote {files[rel]['size']}")
+    for rel in sorted(files):
+        if _sha256(path / rel) != files[rel]["sha256"]:
+            raise _altered(
+                path / rel, f"has other contents than its save wrote (sha256 differs from {MANIFEST}'s)"
+            )
+
+
+def _altered(file: Path, how: str) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint file {file} {how}: it was truncated, altered or replaced after the save, so it was not "
+        f"read; {way_out(file)}"
+    )
+
+
+class _ForeignGlobal(pickle.UnpicklingError):
+    """A global that DCP's metadata never names (a function a crafted pickle would call)."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds what torch.distributed.checkpoint writes to `.metadata` (its dataclasses, torch.Size,
+    dtypes, paths) and refuses every other global: no function a crafted pickle names is called."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch.distributed.checkpoint.metadata as dcp_metadata
+
+        if module == dcp_metadata.__name__ and isinstance(getattr(dcp_metadata, name, None), type):
+            return getattr(dcp_metadata, name)
+        if (module, name) in {
+            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+            ("torch", "Size"),
+            ("torch.serialization", "_get_layout"),
+            ("pathlib", "PosixPath"),
+            ("pathlib", "WindowsPath"),
+            ("pathlib", "PurePosixPath"),
+            ("pathlib", "PureWindowsPath"),
+            ("collections", "OrderedDict"),
+        }:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype | torch.memory_format):
+            return getattr(torch, name)
+        raise _ForeignGlobal(f"{module}.{name}")
+
+
+def check_dcp_metadata(file: Path) -> None:
+    """CheckpointError naming `file` unless it is torch.distributed.checkpoint's metadata, read without
+    calling anything but DCP's metadata classes (torch's own reader then unpickles it)."""
+    import io
+
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    what = "the index of the optimizer state and LR schedule (torch.distributed.checkpoint metadata)"
+    try:
+        value = _MetadataUnpickler(io.BytesIO(file.read_bytes())).load()
+    except _ForeignGlobal as exc:
+        raise CheckpointError(
+            f"{file} is not torch.distributed.checkpoint metadata: it names global '{exc}', which unpickling "
+            "would call, so it was not loaded (lucidrl's checkpoints never hold one: the file was altered or "
+            f"not written by lucidrl); {way_out(file)}"
+        ) from None
+    except Exception as exc:  # EOFError of a truncated file, ...
+        raise damaged(file, what, exc) from exc
+    if not isinstance(value, Metadata):
+        raise damaged(file, what, ValueError(f"a pickled {type(value).__name__}, not DCP's Metadata"))
