@@ -766,3 +766,115 @@ def test_a_binary_config_file_a_directory_and_a_garbage_latest_are_named(tmp_pat
             f"{root / 'latest'} should hold the name of the newest checkpoint (global_step_N)"
         )
         assert "['global_step_1']" in text and "delete it to have the newest found" in text
+
+
+def _sft_config(tmp_path, kk_data, model, run: Path, *extra: str):
+    from lucidrl.config import SFTConfig
+
+    args = [
+        f"model.path={model}",
+        f"data.train_files=[{kk_data['train']}]",
+        "data.batch_size=8",
+        "micro_batch_size=4",
+        "trainer.logger=[jsonl]",
+        f"trainer.run_dir={run}",
+        *extra,
+    ]
+    return load_config(None, args, schema=SFTConfig)
+
+
+def _damaged_model(tmp_path, tiny_model, name: str, damage) -> Path:
+    model = tmp_path / name
+    shutil.copytree(tiny_model["path"], model)
+    damage(model)
+    return model
+
+
+def _set_config(model: Path, **values) -> None:
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, **values}))
+
+
+def test_a_truncated_or_random_weight_file_is_named_for_train_sft_and_export(tmp_path, kk_data, tiny_model):
+    """transformers said "Error while deserializing header: invalid header length" with the folder only."""
+    from lucidrl.models.loading import ModelLoadError
+    from lucidrl.trainer.export import export_checkpoint
+    from lucidrl.trainer.sft import SFTTrainer
+
+    truncated = _damaged_model(
+        tmp_path, tiny_model, "truncated", lambda m: _truncate(m / "model.safetensors", 1000)
+    )
+    random = _damaged_model(
+        tmp_path, tiny_model, "random", lambda m: (m / "model.safetensors").write_bytes(os.urandom(5000))
+    )
+    for model, size in ((truncated, 1000), (random, 5000)):
+        weights = model / "model.safetensors"
+        said = rf"model.path='{model}': weight file '{weights}' is not a readable safetensors file \("
+        run = tmp_path / f"run_{model.name}"
+        with pytest.raises(ModelLoadError, match=said) as info:
+            PPOTrainer(load_config(None, _args(tmp_path, str(model), kk_data["train"], run)))
+        assert f"; {size} bytes): it was truncated" in str(info.value)
+        assert "copy or download it again" in str(info.value)
+        with pytest.raises(ModelLoadError, match=said):
+            SFTTrainer(_sft_config(tmp_path, kk_data, model, tmp_path / f"sft_{model.name}"))
+    # export: a checkpoint without a manifest (an older lucidrl's) whose actor weights were truncated
+    run = tmp_path / "sft_run"
+    SFTTrainer(
+        _sft_config(
+            tmp_path,
+            kk_data,
+            tiny_model["path"],
+            run,
+            "trainer.total_training_steps=1",
+            "trainer.save_freq=1",
+        )
+    ).fit()
+    ckpt = run / "checkpoints" / "global_step_1"
+    (ckpt / "manifest.json").unlink()
+    (shard,) = (ckpt / "actor" / "model").glob("*.safetensors")
+    _truncate(shard, 1000)
+    with pytest.raises(ModelLoadError) as info:
+        export_checkpoint(ckpt, tmp_path / "out")
+    text = str(info.value)
+    assert f"weight file '{shard}' is not a readable safetensors file" in text
+    assert f"(the actor weights of {ckpt}, a checkpoint without a manifest.json" in text
+
+
+def test_a_config_json_that_does_not_fit_the_weights_names_the_key_and_both_sizes(
+    tmp_path, kk_data, tiny_model
+):
+    """transformers said "You set `ignore_mismatched_sizes` to `False`" (the shapes in a log above)."""
+    from lucidrl.models import load_model
+    from lucidrl.models.loading import ModelLoadError
+
+    vocab = _damaged_model(tmp_path, tiny_model, "vocab", lambda m: _set_config(m, vocab_size=900))
+    rows = tiny_model["vocab_size"]
+    with pytest.raises(ModelLoadError) as info:
+        PPOTrainer(load_config(None, _args(tmp_path, str(vocab), kk_data["train"], tmp_path / "run")))
+    assert str(info.value).startswith(
+        f"model.path='{vocab}': config.json says vocab_size=900, but '{vocab / 'model.safetensors'}' holds "
+        f"model.embed_tokens.weight of shape [{rows}, 64], so vocab_size is {rows} there"
+    )
+    assert f"set vocab_size to {rows} in {vocab / 'config.json'}" in str(info.value)
+    inter = _damaged_model(tmp_path, tiny_model, "inter", lambda m: _set_config(m, intermediate_size=300))
+    with pytest.raises(
+        ModelLoadError,
+        match=r"config.json says intermediate_size=300, but '.*model.safetensors' holds "
+        r"model.layers.0.mlp.\w+_proj.weight of shape \[\d+, \d+\], so intermediate_size is 256 there",
+    ):
+        load_model(str(inter))
+
+
+def test_a_critic_model_path_that_does_not_exist_is_named(tmp_path, kk_data, tiny_model):
+    """It said "Repo id must be in the form 'repo_name' or 'namespace/repo_name'"."""
+    from lucidrl.models.loading import ModelLoadError
+
+    nowhere = tmp_path / "nowhere"
+    args = _args(
+        tmp_path, str(tiny_model["path"]), kk_data["train"], tmp_path / "run",
+        "algorithm.adv_estimator=gae", f"critic.model_path={nowhere}", "critic.ppo_micro_batch_size=2",
+    )  # fmt: skip
+    with pytest.raises(ModelLoadError) as info:
+        PPOTrainer(load_config(None, args))
+    assert str(info.value).startswith(f"critic.model_path='{nowhere}': model folder does not exist")
+    assert "Repo id" not in str(info.value)

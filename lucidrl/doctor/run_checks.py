@@ -200,14 +200,13 @@ def check_reward_model(cfg: Any, policy_tokenizer: Any) -> Check:
 
     from transformers import AutoConfig
 
-    from lucidrl.models.inspection import _safetensors_shapes
-    from lucidrl.models.loading import load_tokenizer
+    from lucidrl.models.loading import load_tokenizer, read_weight_shapes
     from lucidrl.workers.training.reward_model import same_tokenizer
 
     m = cfg.reward_model.model
     config = AutoConfig.from_pretrained(m.path, local_files_only=True, trust_remote_code=m.trust_remote_code)
     arch = ", ".join(getattr(config, "architectures", None) or ["(no architectures in config.json)"])
-    found = _safetensors_shapes(Path(m.path))
+    found = read_weight_shapes(Path(m.path), "reward_model.model.path")
     fix = "point reward_model.model.path at a *ForSequenceClassification checkpoint with num_labels=1"
     if found is None:
         return Check(

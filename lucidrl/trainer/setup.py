@@ -25,6 +25,7 @@ from lucidrl.data.dataset import FilterReport, PromptSample, load_prompts, row_o
 from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.models import load_run_tokenizer
+from lucidrl.models.loading import check_model_folder
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.rewards.registry import check_data_sources, check_ground_truths
 from lucidrl.trainer import run_status
@@ -266,6 +267,8 @@ def build_workers(cfg: LucidConfig) -> Workers:
     )
     groups: dict[str, WorkerGroup] = {}
     plans = plan_groups(cfg)
+    if cfg.critic.model_path and any("critic" in p.roles for p in plans):
+        check_model_folder(cfg.critic.model_path, "critic.model_path")  # before the policy loads
     ray_cluster = ensure_ray(cfg.trainer.ray_address, num_cpus=None) if cfg.trainer.backend == "ray" else None
     try:
         for plan in plans:
