@@ -783,6 +783,49 @@ def _sft_config(tmp_path, kk_data, model, run: Path, *extra: str):
     return load_config(None, args, schema=SFTConfig)
 
 
+def test_a_cuda_device_this_machine_lacks_is_refused_before_anything_starts(
+    tmp_path, kk_data, tiny_model, monkeypatch
+):
+    """trainer.device=cuda without CUDA said "Torch not compiled with CUDA enabled" when the model moved."""
+    from lucidrl.config import ConfigError
+    from lucidrl.config.validation import check_devices_here
+    from lucidrl.trainer.sft import SFTTrainer
+
+    run = tmp_path / "run"
+    rl = load_config(
+        None, _args(tmp_path, str(tiny_model["path"]), kk_data["train"], run, "trainer.device=cuda")
+    )
+    sft = _sft_config(tmp_path, kk_data, tiny_model["path"], run, "trainer.device=cuda")
+    monkeypatch.setattr(torch.version, "cuda", None)  # a CPU build of torch
+    for start in (lambda: PPOTrainer(rl), lambda: SFTTrainer(sft)):
+        with pytest.raises(ConfigError) as info:
+            start()
+        assert str(info.value).startswith("trainer.device='cuda' but torch ") and "is a CPU build" in str(
+            info.value
+        )
+        assert "set trainer.device=cpu, or install a CUDA build of the same torch version" in str(info.value)
+        assert not run.exists()  # nothing written, nothing loaded
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build on a machine without a GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(
+        ConfigError, match=r"no CUDA GPU is visible to this process \(CUDA_VISIBLE_DEVICES=''"
+    ):
+        PPOTrainer(rl)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # one GPU, and cuda:1 asked for
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    rl.trainer.device = "cuda:1"
+    with pytest.raises(ConfigError, match=r"trainer.device='cuda:1' but this machine has 1 CUDA GPU\(s\)"):
+        check_devices_here(rl)
+    # joining a cluster: the ranks may be on other hosts, with GPUs this one lacks
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rl.trainer.backend, rl.trainer.ray_address = "ray", "10.0.0.1:6379"
+    check_devices_here(rl)
+    rl.trainer.device = "cpu"
+    rl.trainer.backend, rl.trainer.ray_address = "local", None
+    check_devices_here(rl)
+
+
 def _damaged_model(tmp_path, tiny_model, name: str, damage) -> Path:
     model = tmp_path / name
     shutil.copytree(tiny_model["path"], model)
@@ -878,3 +921,62 @@ def test_a_critic_model_path_that_does_not_exist_is_named(tmp_path, kk_data, tin
         PPOTrainer(load_config(None, args))
     assert str(info.value).startswith(f"critic.model_path='{nowhere}': model folder does not exist")
     assert "Repo id" not in str(info.value)
+
+
+@pytest.fixture
+def read_only():
+    """Make a folder read-only: a read-only bind mount as root (root writes through chmod), chmod else."""
+    undo = []
+
+    def make(folder: Path) -> None:
+        if os.geteuid() == 0:
+            if subprocess.run(["mount", "--bind", str(folder), str(folder)]).returncode:
+                pytest.skip("a read-only bind mount needs mount rights")
+            undo.append(lambda: subprocess.run(["umount", str(folder)]))
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
+        else:
+            folder.chmod(0o555)
+            undo.append(lambda: folder.chmod(0o755))
+
+    yield make
+    for fn in reversed(undo):
+        fn()
+
+
+def test_a_run_dir_that_is_a_file_or_read_only_is_refused_before_training(
+    tmp_path, kk_data, tiny_model, read_only
+):
+    """A file gave a raw NotADirectoryError; a read-only checkpoints folder failed the first save."""
+    from lucidrl.trainer.setup import RunDirError
+
+    def start(run: Path, *extra: str) -> PPOTrainer:
+        return PPOTrainer(
+            load_config(None, _args(tmp_path, str(tiny_model["path"]), kk_data["train"], run, *extra))
+        )
+
+    file = tmp_path / "notes.txt"
+    file.write_text("not a run")
+    with pytest.raises(RunDirError, match=rf"^trainer.run_dir='{file}' is a file, not a folder"):
+        start(file)
+    with pytest.raises(
+        RunDirError, match=rf"^trainer.run_dir='{file}/run' is under '{file}', which is a file"
+    ):
+        start(file / "run")
+    disk = tmp_path / "ro"
+    disk.mkdir()
+    read_only(disk)
+    with pytest.raises(RunDirError) as info:
+        start(disk / "run")
+    assert str(info.value).startswith(f"cannot write in '{disk}' (")
+    assert "set trainer.run_dir to a folder on a writable disk" in str(info.value)
+    assert not (disk / "run").exists()
+    # a run whose checkpoints folder became read-only: refused before the resume, not at its first save
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("{}")
+    read_only(run / "checkpoints")
+    with pytest.raises(RunDirError) as info:
+        start(run)
+    text = str(info.value)
+    assert text.startswith(f"cannot write in '{run / 'checkpoints'}' (") and "writes the checkpoints" in text
+    assert "make that folder writable again" in text

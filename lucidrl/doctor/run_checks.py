@@ -164,9 +164,10 @@ def check_run_dir(cfg: Any) -> Check:
     """Where the run goes, and whether it resumes: the refusals `lucidrl train` would give, given now."""
     from lucidrl.config import to_dict
     from lucidrl.trainer import checkpoint
-    from lucidrl.trainer.setup import refuse_concurrent, refuse_occupied, run_dir_of
+    from lucidrl.trainer.setup import refuse_concurrent, refuse_occupied, refuse_unwritable, run_dir_of
 
     run_dir = run_dir_of(cfg)
+    refuse_unwritable(cfg, run_dir)  # a file, or a folder the run cannot write in
     refuse_concurrent(run_dir)  # a run training there now
     resume = checkpoint.resume_point(cfg, run_dir)  # CheckpointError for a broken `latest`
     if resume is not None:
