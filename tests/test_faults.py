@@ -908,6 +908,32 @@ def test_a_config_json_that_does_not_fit_the_weights_names_the_key_and_both_size
         load_model(str(inter))
 
 
+def test_a_data_file_that_is_a_directory_says_so_and_lists_its_parquet_files(
+    tmp_path, kk_data, tiny_tokenizer
+):
+    """It said "file 'DIR' does not exist"."""
+    from lucidrl.data.dataset import load_prompts
+    from lucidrl.data.sft_dataset import load_sft_rows
+
+    folder = Path(kk_data["train"]).parent
+    with pytest.raises(DatasetError) as info:
+        load_prompts([str(folder)], tiny_tokenizer, max_prompt_length=1000, what="data.val_files")
+    assert str(info.value) == (
+        f"data.val_files: '{folder}' is a directory, not a parquet file; give the parquet file(s) in it; it "
+        f"holds 2 parquet file(s): data.val_files=[{folder / 'train.parquet'}, {folder / 'val.parquet'}]"
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(
+        DatasetError,
+        match=r"is a directory, not a parquet file; give the parquet file\(s\) in it \(it holds no",
+    ):
+        load_sft_rows(
+                [str(empty)], what="data.train_files", tokenizer=tiny_tokenizer, max_length=100,
+                prompt_key="prompt", response_key="response",
+            )  # fmt: skip
+
+
 def test_a_critic_model_path_that_does_not_exist_is_named(tmp_path, kk_data, tiny_model):
     """It said "Repo id must be in the form 'repo_name' or 'namespace/repo_name'"."""
     from lucidrl.models.loading import ModelLoadError
@@ -980,3 +1006,52 @@ def test_a_run_dir_that_is_a_file_or_read_only_is_refused_before_training(
     text = str(info.value)
     assert text.startswith(f"cannot write in '{run / 'checkpoints'}' (") and "writes the checkpoints" in text
     assert "make that folder writable again" in text
+
+
+def test_eval_given_a_run_folder_or_a_checkpoint_says_which_model_folder_to_give(tmp_path):
+    """It said "model.path='RUN' has no tokenizer files"."""
+    from lucidrl.trainer.evaluation import EvaluationError, evaluate
+
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "global_step_1"
+    (ckpt / "actor").mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    (run / "config.yaml").write_text("{}")
+    with pytest.raises(EvaluationError) as info:
+        evaluate(str(run), ["unused.parquet"])
+    assert str(info.value) == (
+        f"MODEL='{run}' is a run folder, not a model folder: it has no final model (the run has not ended, or "
+        f"trainer.save_final_model=false): write a checkpoint's actor as one with `lucidrl export "
+        f"{run / 'checkpoints' / 'global_step_N'} OUT`, then `lucidrl eval OUT ...`"
+    )
+    (run / "final").mkdir()
+    (run / "final" / "config.json").write_text("{}")
+    with pytest.raises(
+        EvaluationError, match=rf"evaluate the model it ended with: `lucidrl eval {run / 'final'} ...`"
+    ):
+        evaluate(str(run), ["unused.parquet"])
+    with pytest.raises(
+        EvaluationError, match=rf"is a training checkpoint, not a model folder: .*`lucidrl export {ckpt} OUT`"
+    ):
+        evaluate(str(ckpt), ["unused.parquet"])
+
+
+@pytest.mark.parametrize(
+    ("override", "where"),
+    [
+        ("=3", "nothing before '='"),
+        (".lr=1", "an empty part in '.lr'"),
+        ("actor..lr=1", "an empty part in 'actor..lr'"),
+    ],
+)
+def test_an_empty_override_key_is_named_with_the_form_to_write(override, where):
+    """'.lr=1' said "unknown config key ''"; '=3' said "has an empty key" and no more."""
+    from lucidrl.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["model.path=m", override])
+    value = override.split("=", 1)[1]
+    assert str(info.value) == (
+        f"override '{override}' has an empty key ({where}): write it as key=value with the whole dotted key, "
+        f"e.g. actor.optim.lr={value} (--help-config lists every key)"
+    )
