@@ -227,7 +227,7 @@ def test_a_truncated_weight_file_is_named(tiny_model, tmp_path):
     folder = _copy_model(tiny_model, tmp_path)
     data = (folder / "model.safetensors").read_bytes()
     (folder / "model.safetensors").write_bytes(data[:100])
-    with pytest.raises(ModelLoadError, match="'model.safetensors' is not a readable safetensors file"):
+    with pytest.raises(ModelLoadError, match="/model.safetensors' is not a readable safetensors file"):
         inspect_model_folder(str(folder))
 
 

@@ -766,3 +766,292 @@ def test_a_binary_config_file_a_directory_and_a_garbage_latest_are_named(tmp_pat
             f"{root / 'latest'} should hold the name of the newest checkpoint (global_step_N)"
         )
         assert "['global_step_1']" in text and "delete it to have the newest found" in text
+
+
+def _sft_config(tmp_path, kk_data, model, run: Path, *extra: str):
+    from lucidrl.config import SFTConfig
+
+    args = [
+        f"model.path={model}",
+        f"data.train_files=[{kk_data['train']}]",
+        "data.batch_size=8",
+        "micro_batch_size=4",
+        "trainer.logger=[jsonl]",
+        f"trainer.run_dir={run}",
+        *extra,
+    ]
+    return load_config(None, args, schema=SFTConfig)
+
+
+def test_a_cuda_device_this_machine_lacks_is_refused_before_anything_starts(
+    tmp_path, kk_data, tiny_model, monkeypatch
+):
+    """trainer.device=cuda without CUDA said "Torch not compiled with CUDA enabled" when the model moved."""
+    from lucidrl.config import ConfigError
+    from lucidrl.config.validation import check_devices_here
+    from lucidrl.trainer.sft import SFTTrainer
+
+    run = tmp_path / "run"
+    rl = load_config(
+        None, _args(tmp_path, str(tiny_model["path"]), kk_data["train"], run, "trainer.device=cuda")
+    )
+    sft = _sft_config(tmp_path, kk_data, tiny_model["path"], run, "trainer.device=cuda")
+    monkeypatch.setattr(torch.version, "cuda", None)  # a CPU build of torch
+    for start in (lambda: PPOTrainer(rl), lambda: SFTTrainer(sft)):
+        with pytest.raises(ConfigError) as info:
+            start()
+        assert str(info.value).startswith("trainer.device='cuda' but torch ") and "is a CPU build" in str(
+            info.value
+        )
+        assert "set trainer.device=cpu, or install a CUDA build of the same torch version" in str(info.value)
+        assert not run.exists()  # nothing written, nothing loaded
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build on a machine without a GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(
+        ConfigError, match=r"no CUDA GPU is visible to this process \(CUDA_VISIBLE_DEVICES=''"
+    ):
+        PPOTrainer(rl)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # one GPU, and cuda:1 asked for
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    rl.trainer.device = "cuda:1"
+    with pytest.raises(ConfigError, match=r"trainer.device='cuda:1' but this machine has 1 CUDA GPU\(s\)"):
+        check_devices_here(rl)
+    # joining a cluster: the ranks may be on other hosts, with GPUs this one lacks
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rl.trainer.backend, rl.trainer.ray_address = "ray", "10.0.0.1:6379"
+    check_devices_here(rl)
+    rl.trainer.device = "cpu"
+    rl.trainer.backend, rl.trainer.ray_address = "local", None
+    check_devices_here(rl)
+
+
+def _damaged_model(tmp_path, tiny_model, name: str, damage) -> Path:
+    model = tmp_path / name
+    shutil.copytree(tiny_model["path"], model)
+    damage(model)
+    return model
+
+
+def _set_config(model: Path, **values) -> None:
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, **values}))
+
+
+def test_a_truncated_or_random_weight_file_is_named_for_train_sft_and_export(tmp_path, kk_data, tiny_model):
+    """transformers said "Error while deserializing header: invalid header length" with the folder only."""
+    from lucidrl.models.loading import ModelLoadError
+    from lucidrl.trainer.export import export_checkpoint
+    from lucidrl.trainer.sft import SFTTrainer
+
+    truncated = _damaged_model(
+        tmp_path, tiny_model, "truncated", lambda m: _truncate(m / "model.safetensors", 1000)
+    )
+    random = _damaged_model(
+        tmp_path, tiny_model, "random", lambda m: (m / "model.safetensors").write_bytes(os.urandom(5000))
+    )
+    for model, size in ((truncated, 1000), (random, 5000)):
+        weights = model / "model.safetensors"
+        said = rf"model.path='{model}': weight file '{weights}' is not a readable safetensors file \("
+        run = tmp_path / f"run_{model.name}"
+        with pytest.raises(ModelLoadError, match=said) as info:
+            PPOTrainer(load_config(None, _args(tmp_path, str(model), kk_data["train"], run)))
+        assert f"; {size} bytes): it was truncated" in str(info.value)
+        assert "copy or download it again" in str(info.value)
+        with pytest.raises(ModelLoadError, match=said):
+            SFTTrainer(_sft_config(tmp_path, kk_data, model, tmp_path / f"sft_{model.name}"))
+    # export: a checkpoint without a manifest (an older lucidrl's) whose actor weights were truncated
+    run = tmp_path / "sft_run"
+    SFTTrainer(
+        _sft_config(
+            tmp_path,
+            kk_data,
+            tiny_model["path"],
+            run,
+            "trainer.total_training_steps=1",
+            "trainer.save_freq=1",
+        )
+    ).fit()
+    ckpt = run / "checkpoints" / "global_step_1"
+    (ckpt / "manifest.json").unlink()
+    (shard,) = (ckpt / "actor" / "model").glob("*.safetensors")
+    _truncate(shard, 1000)
+    with pytest.raises(ModelLoadError) as info:
+        export_checkpoint(ckpt, tmp_path / "out")
+    text = str(info.value)
+    assert f"weight file '{shard}' is not a readable safetensors file" in text
+    assert f"(the actor weights of {ckpt}, a checkpoint without a manifest.json" in text
+
+
+def test_a_config_json_that_does_not_fit_the_weights_names_the_key_and_both_sizes(
+    tmp_path, kk_data, tiny_model
+):
+    """transformers said "You set `ignore_mismatched_sizes` to `False`" (the shapes in a log above)."""
+    from lucidrl.models import load_model
+    from lucidrl.models.loading import ModelLoadError
+
+    vocab = _damaged_model(tmp_path, tiny_model, "vocab", lambda m: _set_config(m, vocab_size=900))
+    rows = tiny_model["vocab_size"]
+    with pytest.raises(ModelLoadError) as info:
+        PPOTrainer(load_config(None, _args(tmp_path, str(vocab), kk_data["train"], tmp_path / "run")))
+    assert str(info.value).startswith(
+        f"model.path='{vocab}': config.json says vocab_size=900, but '{vocab / 'model.safetensors'}' holds "
+        f"model.embed_tokens.weight of shape [{rows}, 64], so vocab_size is {rows} there"
+    )
+    assert f"set vocab_size to {rows} in {vocab / 'config.json'}" in str(info.value)
+    inter = _damaged_model(tmp_path, tiny_model, "inter", lambda m: _set_config(m, intermediate_size=300))
+    with pytest.raises(
+        ModelLoadError,
+        match=r"config.json says intermediate_size=300, but '.*model.safetensors' holds "
+        r"model.layers.0.mlp.\w+_proj.weight of shape \[\d+, \d+\], so intermediate_size is 256 there",
+    ):
+        load_model(str(inter))
+
+
+def test_a_data_file_that_is_a_directory_says_so_and_lists_its_parquet_files(
+    tmp_path, kk_data, tiny_tokenizer
+):
+    """It said "file 'DIR' does not exist"."""
+    from lucidrl.data.dataset import load_prompts
+    from lucidrl.data.sft_dataset import load_sft_rows
+
+    folder = Path(kk_data["train"]).parent
+    with pytest.raises(DatasetError) as info:
+        load_prompts([str(folder)], tiny_tokenizer, max_prompt_length=1000, what="data.val_files")
+    assert str(info.value) == (
+        f"data.val_files: '{folder}' is a directory, not a parquet file; give the parquet file(s) in it; it "
+        f"holds 2 parquet file(s): data.val_files=[{folder / 'train.parquet'}, {folder / 'val.parquet'}]"
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(
+        DatasetError,
+        match=r"is a directory, not a parquet file; give the parquet file\(s\) in it \(it holds no",
+    ):
+        load_sft_rows(
+                [str(empty)], what="data.train_files", tokenizer=tiny_tokenizer, max_length=100,
+                prompt_key="prompt", response_key="response",
+            )  # fmt: skip
+
+
+def test_a_critic_model_path_that_does_not_exist_is_named(tmp_path, kk_data, tiny_model):
+    """It said "Repo id must be in the form 'repo_name' or 'namespace/repo_name'"."""
+    from lucidrl.models.loading import ModelLoadError
+
+    nowhere = tmp_path / "nowhere"
+    args = _args(
+        tmp_path, str(tiny_model["path"]), kk_data["train"], tmp_path / "run",
+        "algorithm.adv_estimator=gae", f"critic.model_path={nowhere}", "critic.ppo_micro_batch_size=2",
+    )  # fmt: skip
+    with pytest.raises(ModelLoadError) as info:
+        PPOTrainer(load_config(None, args))
+    assert str(info.value).startswith(f"critic.model_path='{nowhere}': model folder does not exist")
+    assert "Repo id" not in str(info.value)
+
+
+@pytest.fixture
+def read_only():
+    """Make a folder read-only: a read-only bind mount as root (root writes through chmod), chmod else."""
+    undo = []
+
+    def make(folder: Path) -> None:
+        if os.geteuid() == 0:
+            if subprocess.run(["mount", "--bind", str(folder), str(folder)]).returncode:
+                pytest.skip("a read-only bind mount needs mount rights")
+            undo.append(lambda: subprocess.run(["umount", str(folder)]))
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
+        else:
+            folder.chmod(0o555)
+            undo.append(lambda: folder.chmod(0o755))
+
+    yield make
+    for fn in reversed(undo):
+        fn()
+
+
+def test_a_run_dir_that_is_a_file_or_read_only_is_refused_before_training(
+    tmp_path, kk_data, tiny_model, read_only
+):
+    """A file gave a raw NotADirectoryError; a read-only checkpoints folder failed the first save."""
+    from lucidrl.trainer.setup import RunDirError
+
+    def start(run: Path, *extra: str) -> PPOTrainer:
+        return PPOTrainer(
+            load_config(None, _args(tmp_path, str(tiny_model["path"]), kk_data["train"], run, *extra))
+        )
+
+    file = tmp_path / "notes.txt"
+    file.write_text("not a run")
+    with pytest.raises(RunDirError, match=rf"^trainer.run_dir='{file}' is a file, not a folder"):
+        start(file)
+    with pytest.raises(
+        RunDirError, match=rf"^trainer.run_dir='{file}/run' is under '{file}', which is a file"
+    ):
+        start(file / "run")
+    disk = tmp_path / "ro"
+    disk.mkdir()
+    read_only(disk)
+    with pytest.raises(RunDirError) as info:
+        start(disk / "run")
+    assert str(info.value).startswith(f"cannot write in '{disk}' (")
+    assert "set trainer.run_dir to a folder on a writable disk" in str(info.value)
+    assert not (disk / "run").exists()
+    # a run whose checkpoints folder became read-only: refused before the resume, not at its first save
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("{}")
+    read_only(run / "checkpoints")
+    with pytest.raises(RunDirError) as info:
+        start(run)
+    text = str(info.value)
+    assert text.startswith(f"cannot write in '{run / 'checkpoints'}' (") and "writes the checkpoints" in text
+    assert "make that folder writable again" in text
+
+
+def test_eval_given_a_run_folder_or_a_checkpoint_says_which_model_folder_to_give(tmp_path):
+    """It said "model.path='RUN' has no tokenizer files"."""
+    from lucidrl.trainer.evaluation import EvaluationError, evaluate
+
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "global_step_1"
+    (ckpt / "actor").mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    (run / "config.yaml").write_text("{}")
+    with pytest.raises(EvaluationError) as info:
+        evaluate(str(run), ["unused.parquet"])
+    assert str(info.value) == (
+        f"MODEL='{run}' is a run folder, not a model folder: it has no final model (the run has not ended, or "
+        f"trainer.save_final_model=false): write a checkpoint's actor as one with `lucidrl export "
+        f"{run / 'checkpoints' / 'global_step_N'} OUT`, then `lucidrl eval OUT ...`"
+    )
+    (run / "final").mkdir()
+    (run / "final" / "config.json").write_text("{}")
+    with pytest.raises(
+        EvaluationError, match=rf"evaluate the model it ended with: `lucidrl eval {run / 'final'} ...`"
+    ):
+        evaluate(str(run), ["unused.parquet"])
+    with pytest.raises(
+        EvaluationError, match=rf"is a training checkpoint, not a model folder: .*`lucidrl export {ckpt} OUT`"
+    ):
+        evaluate(str(ckpt), ["unused.parquet"])
+
+
+@pytest.mark.parametrize(
+    ("override", "where"),
+    [
+        ("=3", "nothing before '='"),
+        (".lr=1", "an empty part in '.lr'"),
+        ("actor..lr=1", "an empty part in 'actor..lr'"),
+    ],
+)
+def test_an_empty_override_key_is_named_with_the_form_to_write(override, where):
+    """'.lr=1' said "unknown config key ''"; '=3' said "has an empty key" and no more."""
+    from lucidrl.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["model.path=m", override])
+    value = override.split("=", 1)[1]
+    assert str(info.value) == (
+        f"override '{override}' has an empty key ({where}): write it as key=value with the whole dotted key, "
+        f"e.g. actor.optim.lr={value} (--help-config lists every key)"
+    )

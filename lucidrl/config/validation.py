@@ -148,6 +148,58 @@ def _validate_run(t: Any) -> None:
         raise ConfigError(f"trainer.device={t.device!r} must be cpu, cuda or cuda:N")
 
 
+def check_devices_here(cfg: Any) -> None:
+    """ConfigError when the config puts ranks on a CUDA device this machine does not have (a CPU build
+    of torch, no GPU visible, or cuda:N past the GPUs): torch said only "Torch not compiled with CUDA
+    enabled" when the model moved there. Checked where a run starts, not in validate(): a config read back
+    from a checkpoint (lucidrl export) or checked for another machine may name a GPU this one lacks. With
+    backend=ray joining a cluster (trainer.ray_address or RAY_ADDRESS), the ranks may be on other hosts."""
+    import os
+
+    t = cfg.trainer
+    if getattr(t, "backend", "local") == "ray" and (t.ray_address or os.environ.get("RAY_ADDRESS")):
+        return
+    wanted = [("trainer.device", t.device)]
+    placement = getattr(cfg, "placement", None)
+    for role in ("actor", "rollout", "reference", "critic", "reward_model"):
+        devices = getattr(getattr(placement, role, None), "devices", None) or []
+        wanted += [(f"placement.{role}.devices", d) for d in devices]
+    wanted = [(key, str(d)) for key, d in wanted if str(d).startswith("cuda")]
+    if not wanted:
+        return
+    import torch
+
+    key, device = wanted[0]
+    fix = (
+        "set trainer.device=cpu, or " if key == "trainer.device" else f"drop {key} (trainer.device=cpu), or "
+    )
+    if torch.version.cuda is None:
+        raise ConfigError(
+            f"{key}={device!r} but torch {torch.__version__} here is a CPU build, without CUDA: {fix}install a "
+            "CUDA build of the same torch version (on Linux x86_64, PyPI's default torch wheel); `lucidrl "
+            "doctor` checks the machine"
+        )
+    if not torch.cuda.is_available():
+        hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+        why = (
+            f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU"
+            if hidden is not None and hidden.strip() in ("", "-1")
+            else "no GPU or no working NVIDIA driver"
+        )
+        raise ConfigError(
+            f"{key}={device!r} but no CUDA GPU is visible to this process ({why}): {fix}run on a machine "
+            "with a GPU; `lucidrl doctor` says why none is seen"
+        )
+    count = torch.cuda.device_count()
+    for key, device in wanted:
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= count:
+            raise ConfigError(
+                f"{key}={device!r} but this machine has {count} CUDA GPU(s) (cuda:0 to cuda:{count - 1}): "
+                f"name one of them in {key}"
+            )
+
+
 def _validate_sft(cfg: SFTConfig) -> None:
     _validate_precision(cfg.model)
     _validate_run(cfg.trainer)

@@ -66,8 +66,12 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override '{text}' is not of the form key=value (e.g. rollout.n=8)")
     key, raw = text.split("=", 1)
     key = key.strip().lstrip("+")
-    if not key:
-        raise ConfigError(f"override '{text}' has an empty key")
+    if not key or any(not part.strip() for part in key.split(".")):
+        where = "nothing before '='" if not key else f"an empty part in {key!r}"
+        raise ConfigError(
+            f"override '{text}' has an empty key ({where}): write it as key=value with the whole dotted key, "
+            f"e.g. actor.optim.lr={raw.strip() or '1e-6'} (--help-config lists every key)"
+        )
     if "#" in raw and not raw.strip().startswith(("[", "{")):
         return key, raw
     try:

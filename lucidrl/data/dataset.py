@@ -76,6 +76,16 @@ def read_table(file: str, what: str) -> Any:
     """One parquet file of `what` (a config key) as a pyarrow Table; DatasetError naming the file when it is
     missing, unreadable or holds no rows."""
     path = Path(file)
+    if path.is_dir():
+        inside = sorted(str(p) for p in path.rglob("*.parquet"))
+        listed = (
+            f"; it holds {len(inside)} parquet file(s): {what}=[{', '.join(inside[:3])}{', ...' if len(inside) > 3 else ''}]"
+            if inside
+            else " (it holds no .parquet file)"
+        )
+        raise DatasetError(
+            f"{what}: '{file}' is a directory, not a parquet file; give the parquet file(s) in it{listed}"
+        )
     if not path.is_file():
         raise DatasetError(f"{what}: file '{file}' does not exist")
     try:

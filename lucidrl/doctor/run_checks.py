@@ -164,9 +164,10 @@ def check_run_dir(cfg: Any) -> Check:
     """Where the run goes, and whether it resumes: the refusals `lucidrl train` would give, given now."""
     from lucidrl.config import to_dict
     from lucidrl.trainer import checkpoint
-    from lucidrl.trainer.setup import refuse_concurrent, refuse_occupied, run_dir_of
+    from lucidrl.trainer.setup import refuse_concurrent, refuse_occupied, refuse_unwritable, run_dir_of
 
     run_dir = run_dir_of(cfg)
+    refuse_unwritable(cfg, run_dir)  # a file, or a folder the run cannot write in
     refuse_concurrent(run_dir)  # a run training there now
     resume = checkpoint.resume_point(cfg, run_dir)  # CheckpointError for a broken `latest`
     if resume is not None:
@@ -200,14 +201,13 @@ def check_reward_model(cfg: Any, policy_tokenizer: Any) -> Check:
 
     from transformers import AutoConfig
 
-    from lucidrl.models.inspection import _safetensors_shapes
-    from lucidrl.models.loading import load_tokenizer
+    from lucidrl.models.loading import load_tokenizer, read_weight_shapes
     from lucidrl.workers.training.reward_model import same_tokenizer
 
     m = cfg.reward_model.model
     config = AutoConfig.from_pretrained(m.path, local_files_only=True, trust_remote_code=m.trust_remote_code)
     arch = ", ".join(getattr(config, "architectures", None) or ["(no architectures in config.json)"])
-    found = _safetensors_shapes(Path(m.path))
+    found = read_weight_shapes(Path(m.path), "reward_model.model.path")
     fix = "point reward_model.model.path at a *ForSequenceClassification checkpoint with num_labels=1"
     if found is None:
         return Check(

@@ -7,14 +7,12 @@ truncated shard or a resized embedding shows up in seconds, even for a model too
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from lucidrl.models.loading import ModelLoadError, check_model_folder
+from lucidrl.models.loading import ModelLoadError, check_model_folder, read_weight_shapes
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -36,43 +34,6 @@ class ModelInspection:
 
     def size_gib(self, dtype: str) -> float:
         return self.num_parameters * _BYTES[dtype] / 2**30
-
-
-def _safetensors_shapes(folder: Path) -> tuple[list[str], dict[str, tuple[int, ...]]] | None:
-    """(files, name -> shape) read from the safetensors headers only; None if the weights are not safetensors."""
-    from safetensors import safe_open
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ModelLoadError(
-                f"{index} is not a safetensors index ({type(e).__name__}: {e}): it must be JSON with a "
-                '"weight_map" of tensor name -> file; save the model again with save_pretrained'
-            ) from e
-    else:
-        files = sorted(p.name for p in folder.glob("*.safetensors"))
-    if not files:
-        return None
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name in files:
-        path = folder / name
-        if not path.is_file():
-            raise ModelLoadError(
-                f"model folder {str(folder)!r}: model.safetensors.index.json names the shard {name!r}, which "
-                "is not in the folder; copy the missing shard (an interrupted download or copy)"
-            )
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():
-                    shapes[key] = tuple(f.get_slice(key).get_shape())
-        except Exception as exc:  # safetensors raises SafetensorError for a truncated or foreign file
-            raise ModelLoadError(
-                f"model folder {str(folder)!r}: weight file {name!r} is not a readable safetensors file "
-                f"({type(exc).__name__}: {exc}); it may be truncated: copy or save it again"
-            ) from exc
-    return files, shapes
 
 
 def inspect_model_folder(path: str, *, config_key: str = "model.path", trust_remote_code: bool = False):
@@ -101,7 +62,7 @@ def inspect_model_folder(path: str, *, config_key: str = "model.path", trust_rem
         weight_files=[],
         checked_tensors=0,
     )
-    found = _safetensors_shapes(folder)
+    found = read_weight_shapes(folder, config_key)
     if found is None:
         out.weight_files = sorted(p.name for p in folder.glob("*.bin"))
         if not out.weight_files:

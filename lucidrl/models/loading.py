@@ -7,6 +7,7 @@ so `model.path` must be a folder on disk (a HuggingFace checkpoint, or one built
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -115,17 +116,119 @@ def check_model_folder(path: str, config_key: str = "model.path") -> Path:
     return folder
 
 
+def read_weight_shapes(
+    folder: Path, config_key: str = "model.path"
+) -> tuple[list[str], dict[str, tuple[int, ...]]] | None:
+    """(files, name -> shape) read from the safetensors headers only (nothing loaded); None if the weights
+    are not safetensors. ModelLoadError naming the file for a truncated or foreign one, where transformers
+    said only "Error while deserializing header" with the folder."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(
+                f"{index} is not a safetensors index ({type(e).__name__}: {e}): it must be JSON with a "
+                '"weight_map" of tensor name -> file; save the model again with save_pretrained'
+            ) from e
+    else:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        return None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in files:
+        path = folder / name
+        if not path.is_file():
+            raise ModelLoadError(
+                f"model folder {str(folder)!r}: model.safetensors.index.json names the shard {name!r}, which "
+                "is not in the folder; copy the missing shard (an interrupted download or copy)"
+            )
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    shapes[key] = tuple(f.get_slice(key).get_shape())
+        except Exception as exc:  # safetensors raises SafetensorError for a truncated or foreign file
+            raise ModelLoadError(
+                f"{config_key}={str(folder)!r}: weight file '{path}' is not a readable safetensors file "
+                f"({type(exc).__name__}: {exc}; {path.stat().st_size} bytes): it was truncated (an interrupted "
+                "download, copy or save) or is another kind of file; copy or download it again (its size "
+                "should match the source's), or save the model again with save_pretrained"
+            ) from exc
+    return files, shapes
+
+
+# config.json keys checked against the weights' shapes before a load: (key, name endings, dimension).
+# transformers said only "You set `ignore_mismatched_sizes` to `False`" (the shapes in a log above it)
+_SIZED_BY = (
+    (
+        "vocab_size",
+        ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight", "lm_head.weight"),
+        0,
+    ),
+    ("intermediate_size", ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.fc1.weight"), 0),
+    ("intermediate_size", ("mlp.down_proj.weight", "mlp.fc2.weight"), 1),
+)
+
+
+def _file_of(folder: Path, tensor: str, files: list[str]) -> Path:
+    """The weight file holding `tensor`: the only one, or the shard the index names."""
+    if len(files) > 1:
+        try:
+            return (
+                folder
+                / json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"][tensor]
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return folder / files[0]
+
+
+def check_config_fits_weights(
+    folder: Path, shapes: dict[str, tuple[int, ...]], files: list[str], config_key: str = "model.path"
+) -> None:
+    """ModelLoadError when config.json's vocab_size or intermediate_size is not the size of the tensors
+    the weight files hold (a config.json edited, or copied from another model of the family)."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # transformers says what is wrong with it
+    if not isinstance(config, dict):
+        return
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    for key, endings, dim in _SIZED_BY:
+        value = config.get(key, text.get(key))
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        for name, shape in sorted(shapes.items()):
+            if name.endswith(endings) and len(shape) == 2 and shape[dim] != value:
+                raise ModelLoadError(
+                    f"{config_key}={str(folder)!r}: config.json says {key}={value}, but '{_file_of(folder, name, files)}' holds "
+                    f"{name} of shape {list(shape)}, so {key} is {shape[dim]} there: config.json does not "
+                    f"describe these weights (edited, or copied from another model); set {key} to "
+                    f"{shape[dim]} in {folder / 'config.json'}, or put back the config.json saved with the weights"
+                )
+
+
 def load_model(
     path: str,
     dtype: torch.dtype = torch.float32,
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    *,
+    config_key: str = "model.path",
 ) -> Any:
     """Load a causal LM (`AutoModelForCausalLM`) from a local folder (config key `model.path`), offline;
-    `attn_implementation` (model.attn_implementation) picks its attention code, None transformers' own choice."""
+    `attn_implementation` (model.attn_implementation) picks its attention code, None transformers' own choice.
+    The safetensors headers are read first (nothing loaded): a truncated file or a config.json that does
+    not fit the weights is named before transformers reads them."""
     from transformers import AutoModelForCausalLM
 
-    folder = check_model_folder(path)
+    folder = check_model_folder(path, config_key)
+    found = read_weight_shapes(folder, config_key)
+    if found is not None:
+        check_config_fits_weights(folder, found[1], found[0], config_key)
     kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     try:
         return AutoModelForCausalLM.from_pretrained(
@@ -142,7 +245,7 @@ def load_model(
                 "leave it unset for transformers' own choice."
             ) from exc
         raise ModelLoadError(
-            f"model.path={path!r}: AutoModelForCausalLM could not load the model "
+            f"{config_key}={path!r}: AutoModelForCausalLM could not load the model "
             f"({type(exc).__name__}: {exc}); check the folder's config.json and weight files, or {_BUILD_HINT}."
         ) from exc
 

@@ -34,6 +34,35 @@ class EvaluationError(UsageError):
     """An evaluation setting that cannot work (a bad count, a prompt too long for the model)."""
 
 
+def _refuse_run_folder(model_path: str) -> None:
+    """EvaluationError when MODEL is a run folder or a training checkpoint, not a model folder: it said
+    only that the folder has no tokenizer files (with model.path, a key eval has not)."""
+    from pathlib import Path
+
+    folder = Path(model_path).expanduser()
+    if not folder.is_dir() or (folder / "config.json").is_file():
+        return
+    if (folder / "trainer_state.json").is_file() and (folder / "actor").is_dir():
+        raise EvaluationError(
+            f"MODEL='{model_path}' is a training checkpoint, not a model folder: write its actor as one with "
+            f"`lucidrl export {model_path} OUT`, then `lucidrl eval OUT ...`"
+        )
+    if not (folder / "config.yaml").is_file() or not any(
+        (folder / name).exists() for name in ("checkpoints", "final", "metrics.jsonl")
+    ):
+        return
+    final = folder / "final"
+    if (final / "config.json").is_file():
+        how = f"evaluate the model it ended with: `lucidrl eval {final} ...`"
+    else:
+        how = (
+            "it has no final model (the run has not ended, or trainer.save_final_model=false): write a "
+            f"checkpoint's actor as one with `lucidrl export {folder / 'checkpoints' / 'global_step_N'} OUT`, "
+            "then `lucidrl eval OUT ...`"
+        )
+    raise EvaluationError(f"MODEL='{model_path}' is a run folder, not a model folder: {how}")
+
+
 # --compute-dtype: the autocast dtype of decoding over float32 weights (None: none)
 COMPUTE_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "bfloat16": torch.bfloat16}
 
@@ -189,6 +218,7 @@ def evaluate(
             f"--compute-dtype={compute_dtype!r}: must be one of {', '.join(COMPUTE_DTYPES)} (float32 weights "
             "computing in float32, or under bf16 autocast as model.compute_dtype=bfloat16 trains)"
         )
+    _refuse_run_folder(str(model_path))
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path)
     check_tokenizer_matches_model(model, tokenizer, model_path)

@@ -66,8 +66,17 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
             f"{ckpt} has no actor weights folder {weights} (a checkpoint written before the weights were "
             "saved as safetensors there); export it with the lucidrl version that wrote it"
         )
-    model = load_model(
-        str(weights), dtype=DTYPES[cfg.model.dtype], trust_remote_code=cfg.model.trust_remote_code
-    )
+    try:
+        model = load_model(
+            str(weights),
+            dtype=DTYPES[cfg.model.dtype],
+            trust_remote_code=cfg.model.trust_remote_code,
+            config_key="the checkpoint's actor/model",
+        )
+    except ModelLoadError as exc:
+        raise ModelLoadError(
+            f"{exc}\n(the actor weights of {ckpt}, a checkpoint without a manifest.json to check them by: "
+            "export another checkpoint of the run, or the run's final model folder if it has one)"
+        ) from exc
     tokenizer = load_tokenizer(str(weights), pad_token=cfg.model.pad_token)
     return save_hf_folder(model, tokenizer, out)

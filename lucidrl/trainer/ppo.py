@@ -15,6 +15,7 @@ from lucidrl.batch import Batch
 from lucidrl.config import LucidConfig, to_dict
 from lucidrl.config.algorithm_checks import rollout_correction_active
 from lucidrl.config.schema import TrainerConfig
+from lucidrl.config.validation import check_devices_here
 from lucidrl.controller.dispatch import mini_batch_order
 from lucidrl.data.dataset import PromptLoader
 from lucidrl.diagnostics.debug import debug_hop
@@ -49,8 +50,10 @@ class PPOTrainer:
         self.cfg = cfg
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
+        check_devices_here(cfg)  # before anything is read or loaded
         setup.seed_everything(cfg.trainer.seed)
         self.run_dir = setup.run_dir_of(cfg)
+        setup.refuse_unwritable(cfg, self.run_dir)  # before a resume reads it
         resume = checkpoint.resume_point(cfg, self.run_dir)
         in_place = checkpoint.resumes_in_place(resume, self.run_dir)
         setup.prepare_run_dir(cfg, keep=in_place)

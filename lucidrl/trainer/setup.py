@@ -25,6 +25,7 @@ from lucidrl.data.dataset import FilterReport, PromptSample, load_prompts, row_o
 from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.diagnostics.errors import UserError
 from lucidrl.models import load_run_tokenizer
+from lucidrl.models.loading import check_model_folder
 from lucidrl.rewards.manager import RuleRewardManager
 from lucidrl.rewards.registry import check_data_sources, check_ground_truths
 from lucidrl.trainer import run_status
@@ -158,9 +159,66 @@ def refuse_concurrent(run_dir: Path) -> None:
         )
 
 
+def _run_dir_named(cfg: LucidConfig, run_dir: Path) -> str:
+    """The run directory and the key that put it there, for messages."""
+    if cfg.trainer.run_dir:
+        return f"trainer.run_dir={cfg.trainer.run_dir!r}"
+    return f"run directory '{run_dir}' (trainer.experiment_name={cfg.trainer.experiment_name!r})"
+
+
+def _cannot_write(folder: Path) -> OSError | None:
+    """The error creating a file in `folder` gives (a read-only disk, no permission), None if it can.
+    A file is made and removed rather than os.access asked: that says yes to root on a read-only mount's
+    folders in some setups and knows nothing of quotas or network disks."""
+    import os
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".lucidrl-write-check-", dir=folder)
+    except OSError as exc:
+        return exc
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def refuse_unwritable(cfg: LucidConfig, run_dir: Path) -> None:
+    """RunDirError, before anything is read or loaded, when the run could not write its files: the run
+    directory (or a folder on its path) is a file, or it or its checkpoints folder cannot be written (a
+    read-only disk, a folder made read-only). Before, a file gave a raw NotADirectoryError and a
+    read-only checkpoints folder failed the first save, after a step's work."""
+    named = _run_dir_named(cfg, run_dir)
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        what = "is a file" if existing == run_dir else f"is under '{existing}', which is a file"
+        raise RunDirError(
+            f"{named} {what}, not a folder: the run writes its config, metrics, "
+            "checkpoints and final model into a folder there; set trainer.run_dir to a new folder, or to a "
+            "run's folder to resume it"
+        )
+    for folder, holds in ((existing, "its files"), (run_dir / "checkpoints", "the checkpoints")):
+        if not folder.is_dir():
+            continue
+        exc = _cannot_write(folder)
+        if exc is not None:
+            why = f"{type(exc).__name__}: {exc.strerror or exc}"
+            raise RunDirError(
+                f"cannot write in '{folder}' ({why}), where the run of {named} writes {holds}: "
+                + (
+                    "make that folder writable again (chmod u+w, or remount its disk read-write) to continue "
+                    "the run there, or copy the run to a writable disk and set trainer.run_dir to the copy"
+                    if folder.name == "checkpoints" or folder == run_dir
+                    else "set trainer.run_dir to a folder on a writable disk, or make that folder writable"
+                )
+            )
+
+
 def prepare_run_dir(cfg: LucidConfig, keep: bool = False) -> Path:
     """The run directory, refusing to mix two runs' metrics in one folder; `keep`: the run resumes there."""
     run_dir = run_dir_of(cfg)
+    refuse_unwritable(cfg, run_dir)
     refuse_concurrent(run_dir)
     if not keep:
         refuse_occupied(cfg, run_dir)
@@ -266,6 +324,8 @@ def build_workers(cfg: LucidConfig) -> Workers:
     )
     groups: dict[str, WorkerGroup] = {}
     plans = plan_groups(cfg)
+    if cfg.critic.model_path and any("critic" in p.roles for p in plans):
+        check_model_folder(cfg.critic.model_path, "critic.model_path")  # before the policy loads
     ray_cluster = ensure_ray(cfg.trainer.ray_address, num_cpus=None) if cfg.trainer.backend == "ray" else None
     try:
         for plan in plans:

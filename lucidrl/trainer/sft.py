@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from rich.markup import escape
 
 from lucidrl.config import ConfigError, SFTConfig, to_dict
+from lucidrl.config.validation import check_devices_here
 from lucidrl.data.sft_dataset import IGNORE, collate_sft, load_sft_rows, sft_batches, sft_micro_batches
 from lucidrl.models import check_tokenizer_matches_model, load_run_model, load_run_tokenizer
 from lucidrl.models.loading import DTYPES
@@ -19,7 +20,7 @@ from lucidrl.models.precision import autocast_dtype, compute_context
 from lucidrl.models.saving import save_hf_folder
 from lucidrl.trainer import checkpoint, run_status
 from lucidrl.trainer.interrupt import RunInterrupted, StopSignals, how_to_continue, stopped_message
-from lucidrl.trainer.setup import prepare_run_dir, run_dir_of, seed_everything
+from lucidrl.trainer.setup import prepare_run_dir, refuse_unwritable, run_dir_of, seed_everything
 from lucidrl.trainer.tracking import Tracker
 from lucidrl.workers.common.model_support import enable_activation_checkpointing
 from lucidrl.workers.training.forward import check_chunkable_head, chunked_head_log_probs
@@ -84,8 +85,10 @@ class SFTTrainer:
         self.cfg = cfg
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
+        check_devices_here(cfg)  # before anything is read or loaded
         seed_everything(cfg.trainer.seed)
         self.run_dir = run_dir_of(cfg)
+        refuse_unwritable(cfg, self.run_dir)  # before a resume reads it
         resume = checkpoint.resume_point(cfg, self.run_dir)
         in_place = checkpoint.resumes_in_place(resume, self.run_dir)
         prepare_run_dir(cfg, keep=in_place)

@@ -151,7 +151,11 @@ class PolicyWorker:
             self.reference = self._reference(ref)
         if "critic" in roles:
             c = cfg.critic
-            value_model = load_value_model(c.model_path or m.path, dtype=dtype)
+            value_model = load_value_model(
+                c.model_path or m.path,
+                dtype=dtype,
+                config_key="critic.model_path" if c.model_path else "model.path",
+            )
             # a critic of another vocabulary indexed past its embedding at the first values forward
             check_tokenizer_matches_model(
                 value_model,

@@ -12,7 +12,7 @@ from lucidrl.algos import compute_value_loss
 from lucidrl.algos.aggregation import norm_width, pad_response_width
 from lucidrl.batch import Batch, loss_mask
 from lucidrl.config.schema import CriticConfig
-from lucidrl.models.loading import ModelLoadError
+from lucidrl.models.loading import ModelLoadError, check_model_folder, read_weight_shapes
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.training.forward import sequence_inputs
 from lucidrl.workers.training.micro_batches import loss_weights, micro_batches, scatter_rows, token_shares
@@ -21,14 +21,19 @@ from lucidrl.workers.training.rank_metrics import RankMetrics
 from lucidrl.workers.training.update_loop import run_update, update_metrics
 
 
-def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def load_value_model(
+    path: str, dtype: torch.dtype = torch.float32, *, config_key: str = "critic.model_path"
+) -> torch.nn.Module:
     """A causal-LM folder loaded as a token classifier with one output: backbone kept, value head new (zeros).
 
     A folder that has a trained one-output head (`score.weight`: a reward model, or a critic exported
     before) keeps it, as OpenRLHF initialises the head only for a fresh critic. Dropout on the head is
     off (transformers defaults it to 0.1), so values computed for the batch and predicted during the
-    update come from the same function.
+    update come from the same function. `config_key` names the setting `path` came from in errors (a
+    folder that does not exist said "Repo id must be in the form 'repo_name'" before).
     """
+    folder = check_model_folder(path, config_key)
+    read_weight_shapes(folder, config_key)  # a truncated weight file named before transformers reads it
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report lists the new head as "MISSING": expected here
     try:
@@ -41,7 +46,7 @@ def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.
             )
     except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: a head of another size
         raise ModelLoadError(
-            f"critic.model_path={path!r} cannot be loaded as a value model (AutoModelForTokenClassification, "
+            f"{config_key}={path!r} cannot be loaded as a value model (AutoModelForTokenClassification, "
             f"num_labels=1): {type(e).__name__}: {e}"
         ) from e
     finally:
