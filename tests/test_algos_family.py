@@ -489,9 +489,9 @@ def test_every_registered_loss_takes_the_actor_kwargs_and_reports_metrics():
         )
         fn = get_policy_loss(name)
         params = inspect.signature(fn).parameters
-        assert set(params) - {"old_log_prob", "log_prob", "advantages", "response_mask"} <= set(available), (
-            name
-        )
+        # metrics_mask: only bypass_mode's own call of the vanilla loss passes it (its kept tokens)
+        given = {"old_log_prob", "log_prob", "advantages", "response_mask", "metrics_mask"}
+        assert set(params) - given <= set(available), name
         old = torch.randn(3, 4) - 2
         log_prob = (old + 0.3 * torch.randn(3, 4)).requires_grad_(True)
         loss, metrics = fn(

@@ -330,6 +330,7 @@ def _laptop(overrides: list[str], refused: set[str], paths: dict[str, str]) -> l
     one step; the refused lines dropped, as the error says. Everything else stays as written."""
     sizes = {
         "data.train_batch_size": "2",
+        "data.max_prompt_length": "1000",  # the tiny model has 1024 positions
         "data.max_response_length": "8",
         "actor_rollout_ref.actor.ppo_mini_batch_size": "2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2",
