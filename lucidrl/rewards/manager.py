@@ -1,6 +1,7 @@
 """Score a batch of responses with rule functions: token-level scores plus per-sample metrics.
 
-A sample whose function raises, runs past reward.timeout_s or returns no usable score stops the run
+A sample whose function raises, runs past reward.timeout_s (then its worker process is killed:
+deadline.py) or returns no usable score stops the run
 (reward.on_error=raise, the default), or is marked failed in the output (`reward_failed`, and
 `reward_timed_out` for the timeouts) with score 0 (mask, zero): the trainer then leaves it out of the
 update or trains it as 0 (trainer/rewards.py). The first error of each kind is logged with its
@@ -8,7 +9,9 @@ traceback, once per run; the rest are counted."""
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +26,7 @@ from lucidrl.rewards.custom import (
     load_custom_function,
     normalize_reward_output,
 )
-from lucidrl.rewards.deadline import DeadlineCaller, RewardTimeout
+from lucidrl.rewards.deadline import RemoteError, RewardTimeout, RewardWorkerError, make_caller
 from lucidrl.rewards.registry import default_compute_score
 
 ComputeScore = Callable[[str, str, Any, dict | None], Any]
@@ -54,14 +57,18 @@ class RuleRewardManager:
         *,
         on_error: str = "raise",
         timeout_s: float | None = None,
+        load: Callable[[], ComputeScore] | None = None,
     ):
+        """`load`: how a worker process gets `compute_score` under a timeout (a picklable callable that
+        returns it; by default the function itself, pickled by reference)."""
         if on_error not in ON_ERROR:
             raise ValueError(f"reward.on_error={on_error!r}: use one of {ON_ERROR}")
         self.tokenizer = tokenizer
         self.compute_score = compute_score or default_compute_score
         self.name = name
         self.on_error = on_error
-        self.caller = DeadlineCaller(timeout_s) if timeout_s else None  # reward.timeout_s
+        # reward.timeout_s: each call in a worker process, killed past it; without one, called here
+        self.caller = make_caller(self.compute_score, timeout_s, load) if timeout_s else None
         # shows how far a slow scoring is: begin(total), advance(done), end() (trainer/reward_progress.py)
         self.progress: Any = None
         self.told: set[str] = set()  # the kinds of failure already logged with a traceback
@@ -89,6 +96,11 @@ class RuleRewardManager:
                 name=f"{path}:{name}" + (f" with {reward_kwargs}" if reward_kwargs else ""),
                 on_error=on_error,
                 timeout_s=timeout_s,
+                # a worker process loads the file itself (a function of a file-imported module cannot
+                # be pickled by reference)
+                load=functools.partial(
+                    load_custom_function, os.path.abspath(path), name, dict(reward_kwargs or {})
+                ),
             )
         if reward_kwargs:
             raise CustomFunctionError(
@@ -157,14 +169,25 @@ class RuleRewardManager:
             "extra_info": batch["extra_info"][i],
         }
         try:
-            raw = self.caller(self.compute_score, **kwargs) if self.caller else self.compute_score(**kwargs)
+            raw = self.caller(**kwargs) if self.caller else self.compute_score(**kwargs)
         except RewardTimeout:
+            assert self.caller is not None
             raise RewardTimeoutError(
                 f"reward function {self.name} did not return within reward.timeout_s={self.caller.timeout_s:g} s "
-                f"on sample {i} (data_source={ds!r}, response starts {text[:120]!r}); its call runs on in a "
-                "background thread. Raise reward.timeout_s, or set reward.on_error=mask (or zero) to go on "
-                "without such samples"
+                f"on sample {i} (data_source={ds!r}, response starts {text[:120]!r}); {self.caller.on_timeout}. "
+                "Raise reward.timeout_s, or set reward.on_error=mask (or zero) to go on without such samples"
             ) from None
+        except RemoteError as e:  # raised in the worker process: its traceback comes as text
+            raise RewardFunctionError(
+                f"reward function {self.name} raised {e.type_name}: {e.message}\n"
+                f"  data_source={ds!r}, sample {i}, response starts {text[:120]!r}\n"
+                f"  original traceback (in the reward's worker process):\n{e.traceback_text}"
+            ) from None
+        except RewardWorkerError as e:
+            raise RewardFunctionError(
+                f"reward function {self.name}: {e}\n  data_source={ds!r}, sample {i}, response starts "
+                f"{text[:120]!r}"
+            ) from e
         except Exception as e:
             raise RewardFunctionError(
                 f"reward function {self.name} raised {type(e).__name__}: {e}\n"
@@ -184,6 +207,11 @@ class RuleRewardManager:
             )
         self.text_extras |= found
         return value, extra
+
+    def close(self) -> None:
+        """Stop the worker process of a function with a timeout (a new one starts if scoring goes on)."""
+        if self.caller is not None:
+            self.caller.close()
 
     def _tell_once(self, error: Exception) -> None:
         """Log the first error of its kind in full; the later ones are only counted."""

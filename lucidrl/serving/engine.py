@@ -54,7 +54,7 @@ class CompletionEngine:
     ):
         self.model = model.eval()
         self.max_queued = max_queued
-        self.waiting = 0  # requests waiting for the one generating to finish
+        self.admitted = 0  # requests generating or waiting to: at most 1 + max_queued
         self.cancelled_steps: list[int] = []  # per request stopped because its client left: its steps
         self.last_steps = 0  # model forwards (≈ decoding steps) the last request ran
         self._gone: Callable[[], bool] | None = None  # the generating request's "client gone?" check
@@ -92,32 +92,34 @@ class CompletionEngine:
         """Wait for the generation in progress (at most max_queued requests wait), then hold the model;
         raises RequestCancelled if the client left while waiting or leaves while generating."""
         with self._queue_lock:
-            if self._lock.locked() and self.waiting >= self.max_queued:
+            # counted under one lock from admission to the end, so exactly 1 + max_queued get in (the
+            # holder counted among the waiters between its acquire and its decrement refused one too many)
+            if self.admitted > self.max_queued:
                 raise RequestError(
-                    f"the server is busy: {self.waiting} requests already wait for the one generating "
-                    f"(--max-queued {self.max_queued}); retry later",
+                    f"the server is busy and its queue is full: one request generates and {self.max_queued} "
+                    f"wait for it (--max-queued {self.max_queued}); retry later, or restart `lucidrl serve` "
+                    "with a larger --max-queued to let more requests wait",
                     None,
                     status=503,
                     type_="server_busy",
                 )
-            self.waiting += 1
+            self.admitted += 1
         try:
-            self._lock.acquire()
+            with self._lock:
+                try:
+                    self.last_steps = 0
+                    if gone is not None and gone():
+                        raise RequestCancelled
+                    self._gone = gone
+                    yield
+                except RequestCancelled:
+                    self.cancelled_steps.append(self.last_steps)
+                    raise
+                finally:
+                    self._gone = None
         finally:
             with self._queue_lock:
-                self.waiting -= 1
-        try:
-            self.last_steps = 0
-            if gone is not None and gone():
-                raise RequestCancelled
-            self._gone = gone
-            yield
-        except RequestCancelled:
-            self.cancelled_steps.append(self.last_steps)
-            raise
-        finally:
-            self._gone = None
-            self._lock.release()
+                self.admitted -= 1
 
     def complete(self, req: CompletionRequest, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Generate n samples per prompt; choices are ordered prompt-major (prompt i, sample j at i*n+j).

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.diagnostics.errors import UsageError
 from lucidrl.protocol import WEIGHTS_PATH, RequestError, error_body
 from lucidrl.serving.engine import (
@@ -77,9 +78,10 @@ class _Handler(BaseHTTPRequestHandler):
             log.info("%s left; its request stopped after %d steps", self.address_string(), engine.last_steps)
             self.close_connection = True
         except RequestError as e:
-            self._send(e.status, e.body())
+            # a full queue: when to try again (a second; a generation's length is not known in advance)
+            self._send(e.status, e.body(), {"Retry-After": "1"} if e.status == 503 else None)
         except Exception as e:  # a generation failure must reach the client, not just the server log
-            log.error("completion failed:\n%s", traceback.format_exc())
+            _log_failure("completion failed", e)
             self._send(500, error_body(f"{type(e).__name__}: {e}", None, type_="internal_server_error"))
 
     def _client_gone(self) -> bool:
@@ -124,7 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
             ),
         )
 
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
+    def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         try:  # strict JSON: Python's NaN literal is not JSON, and other clients' parsers refuse it
             data = json.dumps(payload, allow_nan=False).encode()
         except ValueError:
@@ -141,6 +143,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
@@ -151,6 +155,39 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     engine: CompletionEngine
+    # the listen backlog (the kernel caps it at net.core.somaxconn). socketserver's 5 reset connections
+    # under a burst: 20+ clients connecting at once overflowed the accept queue while the serve loop was
+    # starting handler threads, the kernel answered with SYN cookies it then failed to validate, and
+    # sent a reset to clients that had already sent their request (ConnectionResetError in getresponse)
+    request_queue_size = socket.SOMAXCONN
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One log line, not socketserver's traceback on stderr: a client that left mid-request is
+        routine; anything else is named with where it was raised."""
+        e = sys.exc_info()[1]
+        who = client_address[0] if isinstance(client_address, tuple) else client_address
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            log.info("%s: the connection ended before its answer was sent (%s)", who, _one_line(e))
+        else:
+            _log_failure(f"request from {who} failed", e)
+
+
+def _log_failure(what: str, e: BaseException | None) -> None:
+    """One line naming the error and where it was raised; its traceback only with LUCIDRL_DEBUG=1."""
+    if debug_enabled():
+        log.error("%s: %s", what, _one_line(e), exc_info=e)
+    else:
+        log.error("%s: %s (%s); LUCIDRL_DEBUG=1 logs its traceback", what, _one_line(e), _where(e))
+
+
+def _one_line(e: BaseException | None) -> str:
+    return f"{type(e).__name__}: {e}".splitlines()[0] if e is not None else "unknown error"
+
+
+def _where(e: BaseException | None) -> str:
+    """file:line of the frame that raised `e`."""
+    frames = traceback.extract_tb(e.__traceback__) if e is not None else []
+    return f"at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "no traceback"
 
 
 class ServerHandle:

@@ -26,6 +26,9 @@ class ModelRewardScorer:
         self.rule = rule
         self.combine = combine
 
+    def close(self) -> None:
+        self.rule.close()
+
     def score(self, batch: Batch) -> tuple[Batch, dict[str, list[float]]]:
         out = self.group.compute_rm_score(batch)
         rm = out["rm_scores"]

@@ -55,6 +55,7 @@ class Workers:
     def shutdown(self) -> None:
         for g in self.groups:
             g.shutdown()
+        self.reward.close()  # a reward function's worker process (reward.timeout_s)
 
     @contextmanager
     def shut_down_on_error(self) -> Iterator[Workers]:
