@@ -89,7 +89,7 @@ class PolicyWorker:
         self.actor = self.rollout = self.reference = self.critic = self.reward_model = None
         self.agent = None  # with rollout.multi_turn.enable: the multi-turn rollout over self.rollout
         # one generation or weight sync at a time: with rollout.mode one_step_off/async the trainer's
-        # thread syncs while another generates (generation_and_sync below)
+        # thread syncs while another generates (generate and sync_rollout below)
         self._engine_lock = threading.Lock()
         self.rollout_version = 0  # the trainer's step whose weights the engine holds (policy_version)
         sharded = self.world_size > 1
