@@ -17,7 +17,7 @@ import torch
 
 from lucidrl.batch import Batch
 from lucidrl.config.errors import ConfigError
-from lucidrl.config.validation import check_stop_regex
+from lucidrl.config.rollout_checks import check_stop_regex
 from lucidrl.data.dataset import DatasetError, PromptSample, collate, load_prompts, row_of
 from lucidrl.diagnostics.errors import UsageError
 from lucidrl.rewards.kk import people_count

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 from transformers import StoppingCriteria
 
-from lucidrl.config.validation import check_stop_regex
+from lucidrl.config.rollout_checks import check_stop_regex
 
 # the per-row flag an engine's output carries: whether the rule ended the response (not an eos, not the
 # length limit); step metrics report its mean as response_length/stop_rule_ratio
