@@ -134,3 +134,25 @@ def test_one_step_off_trains_with_the_correction_and_resumes_from_the_batches_tr
     # the checkpoint of step 2 holds the data cursor of the 2 batches trained, not of the third made ahead
     state = json.loads((run / "checkpoints" / "global_step_2" / "trainer_state.json").read_text())
     assert state["batches_drawn"] == 2 and state["generation_rounds"] == 2
+
+
+@pytest.mark.slow
+def test_a_push_that_leaves_the_engine_on_old_weights_is_caught_within_one_step(
+    tmp_path, kk_data, tiny_model, monkeypatch, capsys
+):
+    """one_step_off generates with a copy of the actor: a sync that copies nothing would sample from the
+    start weights for the whole run. With rollout.check_weight_sync the first sync after an update
+    compares the copy's log-probs of probe tokens with the actor's and names what differs."""
+    import lucidrl.workers.rollout.hf_engine as hf_engine
+
+    monkeypatch.setattr(hf_engine, "copy_full_parameters", lambda dst, src: None)  # a push that does nothing
+    config = _cfg(
+        tmp_path, kk_data, tiny_model, "broken", {"mode": "one_step_off", "check_weight_sync": True}, lr=1e-2
+    )
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "WeightSyncError" in err and "after the weight push the rollout engine's log-probs" in err
+    assert "pushed parameter(s) differ from what the engine holds: model." in err
+    # caught at the first sync after an update: step 1 never finished (the start's sync passed: the
+    # copy was the actor then)
+    assert _records(tmp_path / "broken" / "run") == []

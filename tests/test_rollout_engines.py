@@ -145,7 +145,8 @@ def test_rollout_engine_config_errors_name_the_key():
         )
     # the weight-sync check is for a vllm engine's pushes
     with pytest.raises(
-        ConfigError, match=r"rollout.check_weight_sync=true .* rollout.name=hf: the hf engine"
+        ConfigError,
+        match=r"rollout.check_weight_sync=true .* rollout.name=hf: with one rank and rollout.mode=sync the hf engine",
     ):
         config_from_dict({**base, "rollout": {"check_weight_sync": True}})
     cuda = {**base, "trainer": {"device": "cuda"}}

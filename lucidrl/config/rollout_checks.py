@@ -7,6 +7,7 @@ import importlib.util
 import re
 
 from lucidrl.config.errors import ConfigError
+from lucidrl.config.placement import plan_groups
 from lucidrl.config.schema import LucidConfig
 
 
@@ -111,16 +112,22 @@ def validate_rollout_engine(cfg: LucidConfig) -> None:
                     "or set trainer.device=cpu"
                 )
             )
-    if (r.check_weight_sync or r.weight_sync_atol is not None) and r.name != "vllm":
+    # the hf engine holds a copy of the actor with several ranks and in the overlapped modes
+    hf_copy = r.name == "hf" and (
+        bool(r.max_staleness)
+        or max((g.world_size for g in plan_groups(cfg) if "actor" in g.roles), default=1) > 1
+    )
+    if (r.check_weight_sync or r.weight_sync_atol is not None) and r.name != "vllm" and not hf_copy:
         key = (
             "rollout.check_weight_sync=true"
             if r.check_weight_sync
             else f"rollout.weight_sync_atol={r.weight_sync_atol}"
         )
         raise ConfigError(
-            f"{key} checks the weights pushed into a vllm engine, but rollout.name={r.name}: "
+            f"{key} checks the weights pushed into a vllm engine or an hf engine's copy, but rollout.name={r.name}: "
             + (
-                "the hf engine generates with the actor's own weights, so there is nothing to check"
+                "with one rank and rollout.mode=sync the hf engine generates with the actor's own weights, so "
+                "there is nothing to check"
                 if r.name == "hf"
                 else "a server's weights are not checked (a request's log-probs are, by rollout/logprob_diff_*)"
             )

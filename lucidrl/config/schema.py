@@ -225,9 +225,10 @@ class RolloutConfig:
     # where it is installed, runs the model and was measured faster (a GPU; the CPU in float32), else
     # hf (docs/rollout_engines.md, "auto")
     name: Literal["hf", "vllm", "server", "auto"] = "hf"
-    # after every weight push to a vllm engine, compare its log-probs of a few fixed tokens with the
-    # actor's, and stop with an error naming the parameters it does not hold when they differ by more
-    # than weight_sync_atol (LUCIDRL_DEBUG=1 turns the check on too). Costs one short forward per push
+    # after every weight push to a vllm engine or an hf engine's copy of the actor (several ranks,
+    # rollout.mode one_step_off/async), compare its log-probs of a few fixed tokens with the actor's,
+    # and stop with an error naming the parameters it does not hold when they differ by more than
+    # weight_sync_atol (LUCIDRL_DEBUG=1 turns the check on too). Costs one short forward per push
     check_weight_sync: bool = False
     # largest |engine - actor| log-prob gap the check accepts; None: 1e-3 in float32, 0.1 in bfloat16
     # (the engine's kernels round differently from the actor's autocast)

@@ -11,6 +11,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from lucidrl.algos import logprobs_from_logits
 from lucidrl.batch import Batch
+from lucidrl.diagnostics.debug import debug_enabled
 from lucidrl.models.precision import compute_context
 from lucidrl.workers.common.distributed import copy_full_parameters, unwrap
 from lucidrl.workers.common.model_support import check_decode_loop_supported
@@ -18,6 +19,7 @@ from lucidrl.workers.rollout.decode import sample_group
 from lucidrl.workers.rollout.engine import ABORTED_FIELD, SamplingParams, eos_token_ids
 from lucidrl.workers.rollout.responses import response_mask_from_ids
 from lucidrl.workers.rollout.stop_rule import STOPPED_FIELD, StopRule, StopRuleCriteria, stop_rule
+from lucidrl.workers.rollout.weight_push import check_rollout_weights, probe_log_probs, rollout_weights
 
 
 class HFRollout:
@@ -53,6 +55,10 @@ class HFRollout:
         self.pad_id = tokenizer.pad_token_id
         self._lock = threading.Lock()
         self._running: threading.Event | None = None  # set by abort() while a generate runs
+        # with a copy of the actor (several ranks, or rollout.mode one_step_off/async): compare its
+        # log-probs of a few fixed tokens with the actor's after each sync (rollout.check_weight_sync)
+        self.check_weight_sync = False
+        self.weight_sync_atol = 1e-3
 
     @classmethod
     def from_config(
@@ -67,13 +73,16 @@ class HFRollout:
         compute_dtype: torch.dtype | None,
     ) -> HFRollout:
         r = cfg.rollout
-        return cls(
+        engine = cls(
             model,
             tokenizer,
             micro_batch_size=r.micro_batch_size,
             decode_loop=r.decode_loop,
             compute_dtype=compute_dtype,
         )
+        engine.check_weight_sync = r.check_weight_sync
+        engine.weight_sync_atol = r.weight_sync_atol or (1e-3 if compute_dtype is None else 0.1)
+        return engine
 
     def sync_from(self, actor: torch.nn.Module, *, rank: int = 0, world_size: int = 1) -> str:
         """The actor's weights into this engine's module: nothing to do when it is the actor's own
@@ -81,7 +90,34 @@ class HFRollout:
         if unwrap(actor) is self.model:
             return "shared"
         copy_full_parameters(self.model, actor)
-        return "gathered" if world_size > 1 else "copied"
+        result = "gathered" if world_size > 1 else "copied"
+        if self.check_weight_sync or debug_enabled():
+            result += "; " + check_rollout_weights(
+                actor,
+                self,
+                vocab_size=len(self.tokenizer),
+                compute_dtype=self.compute_dtype,
+                atol=self.weight_sync_atol,
+                rank=rank,
+                world_size=world_size,
+            )
+        return result
+
+    def probe_log_probs(self, ids: list[int]) -> torch.Tensor:
+        """The weight-sync check's side of the engine: this module's log-probs of the probe tokens."""
+        return probe_log_probs(self.model, ids, self.compute_dtype)
+
+    def compare_weights(self, named) -> tuple[list[str], list[str]]:
+        """(mismatches, not compared) of the actor's pushed parameters against this module's own."""
+        mine = dict(rollout_weights(self.model, self.compute_dtype, tied_copies=True))
+        mismatches, skipped = [], []
+        for name, tensor in named:
+            if name not in mine:
+                skipped.append(name)
+            elif not torch.equal(mine[name].to(tensor.device), tensor):
+                gap = (mine[name].float().to(tensor.device) - tensor.float()).abs().max().item()
+                mismatches.append(f"{name} (max |engine - actor| {gap:.3g})")
+        return mismatches, skipped
 
     def full_model(self) -> torch.nn.Module:
         return self.model
