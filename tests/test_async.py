@@ -6,6 +6,7 @@ sync's samples."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -13,8 +14,10 @@ import yaml
 from helpers import write_train_config
 from safetensors.torch import load_file
 
+from lucidrl.batch import Batch
 from lucidrl.cli import main
 from lucidrl.config import ConfigError, config_from_dict
+from lucidrl.trainer.pipeline import Supply
 
 
 def _records(run):
@@ -60,6 +63,10 @@ def _rl(overrides: dict, tiny_model) -> dict:
             r"trainer.backend=ray.*rollout.mode=sync",
         ),
         ({"rollout": {"mode": "async", "name": "server"}}, r"rollout.name=server: the overlapped modes"),
+        (
+            {"rollout": {"mode": "one_step_off"}, "trainer": {"collapse": {"keep_last_healthy": True}}},
+            r"keep_last_healthy=true: the guard keeps the weights a step starts from",
+        ),
         (
             {"rollout": {"mode": "async"}, "algorithm": {"rollout_correction": {"bypass_mode": True}}},
             r"bypass_mode=true: bypass takes the engine's log-probs",
@@ -156,3 +163,40 @@ def test_a_push_that_leaves_the_engine_on_old_weights_is_caught_within_one_step(
     # caught at the first sync after an update: step 1 never finished (the start's sync passed: the
     # copy was the actor then)
     assert _records(tmp_path / "broken" / "run") == []
+
+
+def test_closing_the_supply_aborts_a_generation_under_way():
+    """A run that ends (its last step, a stop, an error) while the thread generates the next batch cuts
+    that generation short instead of waiting for it."""
+    gate, started, calls = threading.Event(), threading.Event(), []
+
+    def collect(timings):
+        calls.append(len(calls))
+        if len(calls) == 2:  # the batch made ahead: a long generation, until aborted
+            started.set()
+            gate.wait(60)
+        return Batch(tensors={"x": torch.zeros(1)}), {}
+
+    supply = Supply(collect, dict, max_staleness=1, abort=gate.set)
+    supply.start(0)
+    supply.take(1)
+    assert started.wait(30)
+    supply.close()
+    assert gate.is_set() and not supply._thread.is_alive()
+
+
+@pytest.mark.slow
+def test_one_step_off_with_a_warming_critic_moves_on(tmp_path, kk_data, tiny_model):
+    """While the critic warms up the actor does not update: the next version must still come, or the
+    batch made ahead would wait for it forever."""
+    config = _cfg(tmp_path, kk_data, tiny_model, "gae", {"mode": "one_step_off"}, steps=4)
+    cfg = yaml.safe_load(open(config))
+    cfg["algorithm"] = {"adv_estimator": "gae"}
+    cfg["critic"] = {"warmup_steps": 2, "ppo_micro_batch_size": 8, "optim": {"lr": 1e-3}}
+    with open(config, "w") as f:
+        yaml.safe_dump(cfg, f)
+    assert main(["train", str(config)]) == 0
+    records = _records(tmp_path / "gae" / "run")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert "timing_s/update_actor" not in records[1] and "timing_s/update_actor" in records[2]
+    assert all(r["async/staleness_max"] <= 1 for r in records)

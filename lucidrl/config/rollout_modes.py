@@ -56,6 +56,13 @@ def resolve_rollout_mode(cfg: Any) -> None:
             "policy that generated it, not to the one being trained; leave bypass_mode false (the actor "
             "recomputes them)"
         )
+    if r.max_staleness > 0 and cfg.trainer.collapse.keep_last_healthy:
+        raise ConfigError(
+            f"{where} (max_staleness {r.max_staleness}) with trainer.collapse.keep_last_healthy=true: the guard "
+            "keeps the weights a step starts from as healthy once its rollouts look healthy, but a stale "
+            "batch was made by older weights, so it would vouch for weights it never measured; set "
+            "trainer.collapse.keep_last_healthy=false, or rollout.mode=sync"
+        )
     chosen = rc.rollout_is is not None or rc.rollout_rs is not None
     if r.max_staleness > 0 and r.staleness_correction and not chosen:
         rc.rollout_is = "token"

@@ -50,6 +50,7 @@ class Supply:
     cursor: Callable[[], dict[str, int]]
     max_staleness: int
     first_step: int = 1
+    abort: Callable[[], None] | None = None  # cuts a generation under way short (the engine's abort)
     last_step: int | None = None  # no batch is made ahead for a step after it
     _thread: threading.Thread | None = None
     _queue: queue.Queue | None = None
@@ -87,10 +88,13 @@ class Supply:
         return item, waited, self._queue.qsize()
 
     def close(self) -> None:
-        """Stop making batches; a generation under way finishes first (the engine takes no abort mid-batch)."""
+        """Stop making batches: a generation under way is aborted where the engine can (hf), else it
+        finishes first; what it made is not trained on."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        if self._thread is not None and self._thread.is_alive() and self.abort is not None:
+            self.abort()
         if self._thread is not None:
             while self._thread.is_alive():
                 try:  # make room, so a thread blocked on a full queue sees the stop

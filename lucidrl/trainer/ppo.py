@@ -106,7 +106,12 @@ class PPOTrainer:
             self.batches_drawn = 0  # batches taken from the loader's epochs so far (a resume skips them)
             self.data_epoch = 0  # the epoch of the data the last prompt batch came from
             # batches made now (sync) or ahead in a thread (one_step_off, async; trainer/pipeline.py)
-            self.supply = Supply(self.collector.collect, self._cursor, cfg.rollout.max_staleness)
+            self.supply = Supply(
+                self.collector.collect,
+                self._cursor,
+                cfg.rollout.max_staleness,
+                abort=self.workers.actor.abort_rollout,
+            )
             self.trained_cursor = self._cursor()  # where the data stood after the last batch trained
             # keeps the last healthy weights, restores them on a collapse, reports (trainer/collapse_guard.py)
             self.guard = CollapseGuard(
@@ -256,7 +261,9 @@ class PPOTrainer:
                     metrics.update(w.actor.update_actor(ordered))
                 with timer("sync_weights", t):
                     w.actor.sync_rollout(version=self.global_step)
-                self.supply.synced(self.global_step)
+            elif cfg.rollout.max_staleness > 0:  # the critic warms up: same weights, the next version
+                w.actor.sync_rollout(version=self.global_step)
+            self.supply.synced(self.global_step)  # batches made ahead wait on it
         # in bypass mode the old log-probs are the engine's: no actor pass to compare them with
         metrics.update(step_metrics(batch, cfg.data.max_response_length, compare_rollout=not self.bypass))
         metrics.update(timing_metrics(t, batch))

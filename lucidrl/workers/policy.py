@@ -283,6 +283,15 @@ class PolicyWorker:
         return result
 
     @dispatch(Dispatch.ALL)
+    def abort_rollout(self) -> str:
+        """Cut a generation running in another thread short (engines that can; others finish it). Takes
+        no lock: the generation holds it."""
+        if self.rollout is None or not self.rollout.can_abort:
+            return "not aborted"
+        self.rollout.abort()
+        return "aborted"
+
+    @dispatch(Dispatch.ALL)
     def snapshot_actor(self) -> str:
         """Copy this rank's actor weights (its shard, on its device) as the candidate snapshot: the
         weights the next step's rollouts and log-prob passes measure. `keep_snapshot` makes it the one

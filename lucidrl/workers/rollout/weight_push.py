@@ -90,10 +90,16 @@ def probe_log_probs(
 ) -> torch.Tensor:
     """(len(ids) - 1,) log-probs the actor gives each probe token after the ones before it, at
     temperature 1 (a forward of every rank when sharded: all ranks call this together)."""
-    device = next(unwrap(model).parameters()).device
+    module = unwrap(model)
+    device = next(module.parameters()).device
     x = torch.tensor([ids], device=device)
-    with torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype is not None):
-        logits = unwrap(model)(input_ids=x).logits[0, :-1].float()
+    was_training = module.training
+    module.eval()  # no dropout in either side of the comparison
+    try:
+        with torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype is not None):
+            logits = module(input_ids=x).logits[0, :-1].float()
+    finally:
+        module.train(was_training)
     return torch.log_softmax(logits, -1).gather(-1, x[0, 1:, None])[:, 0].cpu()
 
 
@@ -113,7 +119,9 @@ def check_rollout_weights(
     ids = probe_ids(vocab_size)
     mine = probe_log_probs(model, ids, compute_dtype)
     reshard(unwrap(model))
-    gap = torch.tensor((mine - engine.probe_log_probs(ids)).abs().max().item())
+    # on the actor's device: NCCL reduces no CPU tensor
+    device = next(unwrap(model).parameters()).device
+    gap = torch.tensor((mine - engine.probe_log_probs(ids)).abs().max().item(), device=device)
     if world_size > 1:
         torch.distributed.all_reduce(gap, op=torch.distributed.ReduceOp.MAX)
     if gap.item() <= atol:
