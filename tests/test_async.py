@@ -89,6 +89,8 @@ def test_stale_samples_get_the_decoupled_correction_unless_turned_off(tiny_model
     assert sync.rollout.max_staleness == 0 and sync.algorithm.rollout_correction.rollout_is is None
     zero = config_from_dict(_rl({"rollout": {"mode": "async", "max_staleness": 0}}, tiny_model))
     assert zero.algorithm.rollout_correction.rollout_is is None  # staleness 0 needs no correction
+    auto = config_from_dict(_rl({"rollout": {"mode": "one_step_off", "name": "auto"}}, tiny_model))
+    assert auto.rollout.name == "hf"  # auto picks the engine the overlapped modes run
 
 
 @pytest.mark.slow

@@ -78,8 +78,9 @@ def validate(cfg: Any) -> None:
         if cfg.rollout.name == "auto":
             from lucidrl.config.engines import choose_rollout_engine
 
-            # resolved here, once: the run header, the saved config and a resume all see the engine
-            cfg.rollout.name = choose_rollout_engine(cfg)
+            # resolved here, once: the run header, the saved config and a resume all see the engine. The
+            # overlapped modes generate with the hf engine (config/rollout_modes.py)
+            cfg.rollout.name = "hf" if cfg.rollout.mode != "sync" else choose_rollout_engine(cfg)
         from lucidrl.config.memory_choices import plan_memory
         from lucidrl.config.rollout_modes import resolve_rollout_mode
 

@@ -214,10 +214,11 @@ class ServerRollout:
     def sync_from(self, actor: torch.nn.Module, *, rank: int = 0, world_size: int = 1) -> str:
         """Push the actor's parameters (HF names, LoRA merged) to the server: one server, one push
         (rank 0's), while every rank takes part in the gathers of a sharded actor."""
-        named = dict(rollout_weights(actor))
-        if rank != 0:
+        if rank != 0:  # its part of each gather, keeping nothing
+            for _ in rollout_weights(actor):
+                pass
             return "rank 0 pushes"
-        return self.load_weights(named)
+        return self.load_weights(dict(rollout_weights(actor)))
 
     def abort(self) -> None:
         raise AbortUnsupported(
