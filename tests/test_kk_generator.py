@@ -211,8 +211,114 @@ def test_a_puzzle_told_in_another_order_of_people_has_the_same_key():
                 for i, s in enumerate(statements):
                     moved[order[i]] = relabel(s, order)
                 assert puzzle_key(moved) == puzzle_key(statements)
-    # 556 puzzles in speaker order, 542 of them mirror pairs: 285
-    assert len(_distinct_puzzles(2, 10_000, random.Random(1))) == TWO_PERSON_PUZZLES == 285
+    # the sampler reaches every distinct 2-person puzzle, counted by hand below, and no other
+    drawn = {_mirror_key(_as_tuples(p.statements)) for p, _ in _distinct_puzzles(2, 10_000, random.Random(1))}
+    assert drawn == set(_two_person_puzzles_by_hand())
+    assert TWO_PERSON_PUZZLES == len(drawn)
+
+
+# 2-person K&K from first principles, without the generator or logic.py: a leaf is (person, knight);
+# a statement is ("is", leaf) or ("not", leaf) about the other person, or an op on two different leaves
+# (sample_statement's grammar), with the children of "and", "or" and "iff" unordered (logic.canonical)
+_LEAVES = [(p, k) for p in (0, 1) for k in (True, False)]
+
+
+def _statements_by_hand(speaker: int) -> list[tuple]:
+    out = [(kind, (1 - speaker, k)) for kind in ("is", "not") for k in (True, False)]
+    for op in ("and", "or", "implies", "iff"):
+        for a, b in itertools.permutations(_LEAVES, 2):
+            if op == "implies" or a < b:
+                out.append((op, a, b))
+    return out
+
+
+def _true(statement: tuple, knights: tuple[bool, bool]) -> bool:
+    value = [knights[p] == k for p, k in statement[1:]]
+    return {
+        "is": lambda: value[0],
+        "not": lambda: not value[0],
+        "and": lambda: value[0] and value[1],
+        "or": lambda: value[0] or value[1],
+        "implies": lambda: not value[0] or value[1],
+        "iff": lambda: value[0] == value[1],
+    }[statement[0]]()
+
+
+def _mirror_key(puzzle: tuple) -> tuple:
+    """The same puzzle told with the two people the other way round counts once: the smaller form."""
+
+    def swap(statement):
+        leaves = [(1 - p, k) for p, k in statement[1:]]
+        if statement[0] in ("and", "or", "iff"):
+            leaves.sort()
+        return (statement[0], *leaves)
+
+    return min(puzzle, (swap(puzzle[1]), swap(puzzle[0])))
+
+
+def _as_tuples(statements) -> tuple:
+    """logic.py's statement objects in the hand-made form (for comparing what the generator drew)."""
+
+    def leaf(x):
+        return (x.person, x.knight)
+
+    def one(s):
+        if isinstance(s, Leaf):
+            return ("is", leaf(s))
+        if isinstance(s, Not):
+            return ("not", leaf(s.leaf))
+        pair = [leaf(s.left), leaf(s.right)]
+        return (s.op, *(sorted(pair) if s.op != "implies" else pair))
+
+    return tuple(one(s) for s in statements)
+
+
+def _two_person_puzzles_by_hand() -> dict[tuple, list[tuple]]:
+    """Every uniquely solvable 2-person puzzle in speaker order, grouped by its mirror key."""
+    worlds = list(itertools.product((True, False), repeat=2))
+    groups: dict[tuple, list[tuple]] = {}
+    for puzzle in itertools.product(_statements_by_hand(0), _statements_by_hand(1)):
+        solutions = [w for w in worlds if all(w[i] == _true(s, w) for i, s in enumerate(puzzle))]
+        if len(solutions) == 1:
+            groups.setdefault(_mirror_key(puzzle), []).append(puzzle)
+    return groups
+
+
+def test_two_person_puzzles_counted_by_hand_are_what_the_generator_knows():
+    """TWO_PERSON_PUZZLES and puzzle_key against a count that uses neither: 34 statements a speaker,
+    1156 puzzles in speaker order, 556 of them with one solution, 285 once mirror pairs count once."""
+    from lucidrl.data.kk.generator import TWO_PERSON_PUZZLES
+
+    assert len(_statements_by_hand(0)) == 34
+    groups = _two_person_puzzles_by_hand()
+    in_speaker_order = [p for group in groups.values() for p in group]
+    assert len(in_speaker_order) == 556
+    assert sum(len(g) == 2 for g in groups.values()) * 2 == 542  # the docstrings' mirror pairs
+    assert len(groups) == TWO_PERSON_PUZZLES == 285
+
+    def to_logic(puzzle):  # the hand-made form as logic.py's JSON, then its objects
+        def leaf(x):
+            return ["knight" if x[1] else "knave", x[0]]
+
+        def one(s):
+            if s[0] == "is":
+                return leaf(s[1])
+            if s[0] == "not":
+                return ["not", leaf(s[1])]
+            return [s[0], *(leaf(x) for x in s[1:])]
+
+        return [from_json(one(s)) for s in puzzle]
+
+    # logic.py's solver and dedupe key agree with the hand count: one solution each, and puzzle_key
+    # merges exactly the mirror pairs
+    keys = {}
+    for key, group in groups.items():
+        for puzzle in group:
+            statements = to_logic(puzzle)
+            assert len(solve(statements)) == 1, puzzle
+            assert _as_tuples(statements) == puzzle
+            keys.setdefault(puzzle_key(statements), set()).add(key)
+    assert len(keys) == 285 and all(len(v) == 1 for v in keys.values())
 
 
 def test_every_person_is_named_and_names_are_distinct(rows):
