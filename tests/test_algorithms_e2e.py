@@ -2,9 +2,11 @@
 from config, for 2 real steps: the "Try it" override lists of docs/algorithms/ exactly as the pages print
 them, and a few speed-up paths."""
 
+import functools
 import json
 import math
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -93,11 +95,51 @@ def _has(overrides: list[str], text: str) -> bool:
     return any(o.startswith(text) for o in overrides)
 
 
+def _spy_on_the_registries(monkeypatch) -> dict[str, Counter]:
+    """Count the calls, by registered name, of every advantage estimator, policy loss and KL kind."""
+    from lucidrl.algos import kl, registry
+    from lucidrl.workers.training import actor
+
+    called: dict[str, Counter] = {"estimator": Counter(), "policy_loss": Counter(), "kl": Counter()}
+    for kind, table in (
+        ("estimator", registry._ADVANTAGE_ESTIMATORS),
+        ("policy_loss", registry._POLICY_LOSSES),
+    ):
+        for registered, fn in list(table._fns.items()):
+
+            @functools.wraps(fn)  # keeps the signature the callers read the wanted inputs from
+            def counted(*args, _fn=fn, _name=registered, _kind=kind, **kwargs):
+                called[_kind][_name] += 1
+                return _fn(*args, **kwargs)
+
+            monkeypatch.setitem(table._fns, registered, counted)
+    kl_penalty = kl.kl_penalty
+
+    def counted_kl(log_prob, ref_log_prob, kind):
+        called["kl"][kind] += 1
+        return kl_penalty(log_prob, ref_log_prob, kind)
+
+    monkeypatch.setattr(kl, "kl_penalty", counted_kl)  # the reward penalty's
+    monkeypatch.setattr(actor, "kl_penalty", counted_kl)  # the KL loss's
+    return called
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
-def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model):
+def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model, monkeypatch):
     overrides = CASES[name]
+    cfg = load_config(None, ["model.path=unused", "data.train_files=[unused.parquet]", *BASE, *overrides])
+    called = _spy_on_the_registries(monkeypatch)
     assert main([*toy_train_args(tmp_path, kk_data, tiny_model), *BASE, *overrides]) == 0
+    # the run used what the config chose, and nothing else: a run that ignored the chosen estimator,
+    # loss or KL kind (or fell back to a default) would show another name here
+    assert set(called["estimator"]) == {cfg.algorithm.adv_estimator}, called
+    assert called["estimator"][cfg.algorithm.adv_estimator] >= 2  # once a step
+    assert set(called["policy_loss"]) == {cfg.actor.policy_loss}, called
+    assert called["policy_loss"][cfg.actor.policy_loss] >= 4  # 2 mini-batches a step
+    kinds = {cfg.actor.kl_loss_type} if cfg.actor.use_kl_loss else set()
+    kinds |= {cfg.algorithm.kl_penalty} if cfg.algorithm.use_kl_in_reward else set()
+    assert set(called["kl"]) == kinds, called
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     drawn = 0  # prompt batches taken from the loader: 32 train prompts in batches of 4, 8 per epoch
@@ -141,4 +183,6 @@ def test_two_steps_from_config(name, tmp_path, kk_data, tiny_model):
     if _has(overrides, "actor.policy_loss=clip_cov") or _has(overrides, "actor.policy_loss=kl_cov"):
         assert all(r["actor/pg_clipfrac"] > 0 for r in records)  # some tokens were cut off or penalised
     if _has(overrides, "actor.kl_loss_type=k3+"):
-        assert last["actor/kl_loss"] >= 0.0
+        # step 1 starts at the reference (KL 0 on its first mini-batch) and each update moves the actor
+        # away from it: a KL taken against the actor itself, or a reference that follows the actor, is 0
+        assert 0.0 < records[0]["actor/kl_loss"] < last["actor/kl_loss"], records
