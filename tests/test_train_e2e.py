@@ -152,8 +152,11 @@ def test_collapse_warn_reports_once_and_trains_on(tmp_path, kk_data, tiny_model,
 
 
 @pytest.mark.slow
-def test_a_run_that_raises_stops_its_workers(tmp_path, kk_data, tiny_model):
-    """Ray actors and placement groups go with a failed run too, not only a finished one."""
+def test_a_run_that_raises_stops_its_workers(tmp_path, kk_data, tiny_model, ray_head):
+    """Ray actors and placement groups go with a failed run too, not only a finished one: a run on the
+    session's Ray head whose reward raises leaves its rank actors dead and its placement group removed."""
+    import ray
+
     from lucidrl.config import load_config
     from lucidrl.rewards.manager import RewardFunctionError
     from lucidrl.trainer.ppo import PPOTrainer
@@ -163,12 +166,25 @@ def test_a_run_that_raises_stops_its_workers(tmp_path, kk_data, tiny_model):
         "def compute_score(data_source, solution_str, ground_truth, extra_info):\n    raise OSError('down')\n"
     )
     config = _config(tmp_path, kk_data, tiny_model)
-    trainer = PPOTrainer(load_config(str(config), [f"reward.custom_function.path={reward}"]))
-    stopped = []
-    trainer.workers.shutdown = lambda: stopped.append(True)
-    with pytest.raises(RewardFunctionError, match="raised OSError: down"):
-        trainer.fit()
-    assert stopped == [True]
+    overrides = [
+        f"reward.custom_function.path={reward}",
+        "trainer.backend=ray",
+        f"trainer.ray_address={ray_head}",
+    ]
+    try:
+        trainer = PPOTrainer(load_config(str(config), overrides))
+        hosts = [h for g in trainer.workers.groups for h in g.hosts]
+        groups = [g.pg for g in trainer.workers.groups if g.pg is not None]
+        assert hosts and groups
+        assert ray.get([h.__ray_ready__.remote() for h in hosts], timeout=60) == [True] * len(hosts)  # alive
+        with pytest.raises(RewardFunctionError, match="raised OSError: down"):
+            trainer.fit()
+        for h in hosts:
+            with pytest.raises(ray.exceptions.RayActorError):
+                ray.get(h.__ray_ready__.remote(), timeout=60)
+        assert [ray.util.placement_group_table(pg)["state"] for pg in groups] == ["REMOVED"] * len(groups)
+    finally:
+        ray.shutdown()  # this process's connection only: the session's head stays up for the other tests
 
 
 @pytest.mark.slow
