@@ -134,7 +134,7 @@ def test_abort_from_another_thread_stops_a_long_generation(kk_data, tiny_model, 
 
 
 class _Recording(HFRollout):
-    calls: list[tuple[int, bool]] = []
+    calls: list[tuple[int, str]] = []
 
     def sync_from(self, actor, *, rank=0, world_size=1):
         result = super().sync_from(actor, rank=rank, world_size=world_size)

@@ -19,7 +19,12 @@ from lucidrl.workers.rollout.decode import sample_group
 from lucidrl.workers.rollout.engine import ABORTED_FIELD, SamplingParams, eos_token_ids
 from lucidrl.workers.rollout.responses import response_mask_from_ids
 from lucidrl.workers.rollout.stop_rule import STOPPED_FIELD, StopRule, StopRuleCriteria, stop_rule
-from lucidrl.workers.rollout.weight_push import check_rollout_weights, probe_log_probs, rollout_weights
+from lucidrl.workers.rollout.weight_push import (
+    check_rollout_weights,
+    default_sync_atol,
+    probe_log_probs,
+    rollout_weights,
+)
 
 
 class HFRollout:
@@ -81,7 +86,7 @@ class HFRollout:
             compute_dtype=compute_dtype,
         )
         engine.check_weight_sync = r.check_weight_sync
-        engine.weight_sync_atol = r.weight_sync_atol or (1e-3 if compute_dtype is None else 0.1)
+        engine.weight_sync_atol = r.weight_sync_atol or default_sync_atol(compute_dtype is None)
         return engine
 
     def sync_from(self, actor: torch.nn.Module, *, rank: int = 0, world_size: int = 1) -> str:

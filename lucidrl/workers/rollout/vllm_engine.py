@@ -50,7 +50,7 @@ from lucidrl.workers.common.rng import process_rng_state, set_process_rng_state
 from lucidrl.workers.rollout import vllm_sync
 from lucidrl.workers.rollout.engine import AbortUnsupported, SamplingParams, eos_token_ids
 from lucidrl.workers.rollout.responses import batch_from_token_lists
-from lucidrl.workers.rollout.weight_push import check_rollout_weights, rollout_weights
+from lucidrl.workers.rollout.weight_push import check_rollout_weights, default_sync_atol, rollout_weights
 
 
 def request_seed(base: int, uid: Any, n: int) -> int:
@@ -135,9 +135,7 @@ class VLLMRollout:
         self.tokenizer = tokenizer
         self.push_dtype = push_dtype  # the actor's weights are gathered in it (half the bytes with bf16)
         self.check_weight_sync = check_weight_sync  # checked after every push (also with LUCIDRL_DEBUG=1)
-        self.weight_sync_atol = (
-            weight_sync_atol if weight_sync_atol else (1e-3 if dtype == "float32" else 0.1)
-        )
+        self.weight_sync_atol = weight_sync_atol or default_sync_atol(dtype == "float32")
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = list(eos_ids)
         config = _read_config(model_path)

@@ -78,6 +78,12 @@ def rollout_weights(
         yield name, tensor
 
 
+def default_sync_atol(float32: bool) -> float:
+    """rollout.weight_sync_atol when unset: 1e-3 in float32; 0.1 in bfloat16, where the engine's kernels
+    round differently from the actor's autocast."""
+    return 1e-3 if float32 else 0.1
+
+
 def probe_ids(vocab_size: int, length: int = 24, seed: int = 0) -> list[int]:
     """Fixed token ids for the weight-sync check: random ids of the vocabulary (the same every push)."""
     g = torch.Generator().manual_seed(seed)
